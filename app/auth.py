@@ -1,0 +1,51 @@
+"""Client authentication against `INFLIGHT_API_KEYS`, in constant time, never logging keys."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Sequence
+
+from pydantic import SecretStr
+
+from app.errors import Unauthorized
+
+
+def key_id(key: str) -> str:
+    """A short, non-reversible identifier for a key (for usage records and logs)."""
+    return hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    if not authorization:
+        return None
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()
+
+
+class KeyChecker:
+    """Holds the digests of the configured keys; `check` returns the caller's key id."""
+
+    def __init__(self, keys: Sequence[SecretStr]) -> None:
+        self._digests = [hashlib.sha256(k.get_secret_value().encode()).digest() for k in keys]
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._digests)
+
+    def check(self, authorization: str | None) -> str | None:
+        """Raise 401 unless the header carries a configured key (when keys are configured)."""
+        token = bearer_token(authorization)
+        if not self._digests:
+            return key_id(token) if token else None
+        if token is None:
+            raise Unauthorized("missing API key: send 'Authorization: Bearer <key>'")
+        digest = hashlib.sha256(token.encode()).digest()
+        matched = False
+        for expected in self._digests:  # no early exit: time does not depend on which matched
+            matched |= hmac.compare_digest(digest, expected)
+        if not matched:
+            raise Unauthorized("invalid API key")
+        return key_id(token)

@@ -1,0 +1,1 @@
+"""The compaction engine: pure policy, planning and strategies (no FastAPI, no httpx)."""

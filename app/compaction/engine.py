@@ -1,0 +1,99 @@
+"""`compact`: plan, render, and report — the synchronous entry point of the pure core.
+
+`summarize` needs the upstream, so here it plans the cut a summary would replace; the async
+summary layer swaps in the summary text, and on any failure re-plans with `trim`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from app.compaction.planner import MessageCounter, Plan, plan, render
+from app.compaction.policy import Budget, StrategyName
+
+SUMMARY_PREFIX = "[Summary of the earlier conversation, written by inflight to fit the context]\n\n"
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionResult:
+    """The compacted messages and what it took (for headers, usage and the preview)."""
+
+    messages: list[Mapping[str, Any]]
+    applied: tuple[StrategyName, ...]
+    tokens_before: int
+    tokens_after: int
+    messages_before: int
+    messages_after: int
+    over_budget: bool
+    plan: Plan
+
+
+def summary_message(plan: Plan, messages: Sequence[Mapping[str, Any]], text: str) -> dict[str, Any]:
+    """The message that stands for the cut span, with a role that keeps the order valid:
+    an assistant message when a user message follows it, else a user message."""
+    following = plan.units[plan.cut].start if plan.cut < len(plan.units) else None
+    next_role = messages[following].get("role") if following is not None else None
+    role = "assistant" if next_role == "user" else "user"
+    return {"role": role, "content": SUMMARY_PREFIX + text}
+
+
+def _applied(plan: Plan, pipeline: tuple[StrategyName, ...]) -> tuple[StrategyName, ...]:
+    did: dict[StrategyName, bool] = {
+        "truncate": bool(plan.truncated),
+        "prune": plan.pruned_before > plan.head,
+        "trim": plan.cut > plan.head and not plan.summarize,
+        "summarize": plan.cut > plan.head and plan.summarize,
+        "middle-out": bool(plan.dropped),
+    }
+    return tuple(name for name in pipeline if did[name])
+
+
+def compact(
+    messages: Sequence[Mapping[str, Any]],
+    pipeline: tuple[StrategyName, ...],
+    budget: Budget,
+    count: MessageCounter,
+    fixed_tokens: int,
+    *,
+    summary: str | None = None,
+    summary_tokens: int = 0,
+    planned: Plan | None = None,
+) -> CompactionResult:
+    """Compact `messages` for `budget`. Unchanged messages are the same objects.
+
+    Without a `summary` text, `summarize` in the pipeline acts as `trim` (the pure fallback).
+    `planned` reuses a plan already computed for exactly these arguments.
+    """
+    if summary is None:
+        pipeline = tuple("trim" if s == "summarize" else s for s in pipeline)
+    the_plan = planned or plan(messages, pipeline, budget, count, fixed_tokens, summary_tokens)
+    if not the_plan.changed:
+        return CompactionResult(
+            list(messages),
+            (),
+            the_plan.tokens_before,
+            the_plan.tokens_before,
+            len(messages),
+            len(messages),
+            the_plan.tokens_before > budget.budget,
+            the_plan,
+        )
+    out = render(messages, the_plan)
+    after = the_plan.tokens_after
+    if the_plan.summarize and summary is not None:
+        head_end = the_plan.units[the_plan.head - 1].end if the_plan.head else 0
+        message = summary_message(the_plan, messages, summary)
+        out.insert(head_end, message)
+        after = after - summary_tokens + count(message)
+    return CompactionResult(
+        out,
+        _applied(the_plan, pipeline),
+        the_plan.tokens_before,
+        after,
+        len(messages),
+        len(out),
+        after > budget.budget,
+        the_plan,
+    )

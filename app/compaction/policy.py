@@ -1,0 +1,180 @@
+"""Per-request compaction controls (headers, body `compaction`, OpenRouter `transforms`) and
+the budget they imply."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, cast, get_args
+
+from app.errors import InvalidControl
+
+StrategyName = Literal["truncate", "prune", "trim", "middle-out", "summarize"]
+STRATEGIES: tuple[StrategyName, ...] = get_args(StrategyName)
+
+HEADER_PREFIX = "x-compaction-"
+_BODY_KEYS = {
+    "strategy": "x-compaction-strategy",
+    "context_limit": "x-compaction-context-limit",
+    "threshold": "x-compaction-threshold",
+    "target": "x-compaction-target",
+    "summary_model": "x-compaction-summary-model",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Controls:
+    """What one request asked for; None means "use the setting"."""
+
+    strategies: tuple[StrategyName, ...] | None = None  # None: auto; () : none
+    context_limit: int | None = None
+    threshold: float | None = None
+    target: float | None = None
+    summary_model: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """Window minus output reserve, and the hysteresis band inside it (DESIGN.md §4)."""
+
+    window: int
+    reserve: int
+    threshold: float
+    target: float
+
+    @property
+    def budget(self) -> int:
+        return max(1, self.window - self.reserve)
+
+    @property
+    def trigger(self) -> int:
+        return int(self.threshold * self.budget)
+
+    @property
+    def goal(self) -> int:
+        return int(self.target * self.budget)
+
+
+def parse_strategy(value: Any, param: str) -> tuple[StrategyName, ...] | None:
+    """`auto` → None, `none` → (), else a comma list of known strategies in order."""
+    if isinstance(value, list):
+        items = value
+    elif isinstance(value, str):
+        items = [v.strip() for v in value.split(",")]
+    else:
+        raise InvalidControl(f"{param} must be a string", param=param)
+    names = [str(v).strip().lower() for v in items if str(v).strip()]
+    if names == ["auto"]:
+        return None
+    if names == ["none"] or not names:
+        return ()
+    unknown = [n for n in names if n not in STRATEGIES]
+    if unknown:
+        raise InvalidControl(
+            f"{param}: unknown strategy {unknown[0]!r}; use auto, none, or a comma list of "
+            + ", ".join(STRATEGIES),
+            param=param,
+        )
+    return tuple(dict.fromkeys(cast(list[StrategyName], names)))
+
+
+def _limit(value: Any, param: str) -> int:
+    if isinstance(value, bool):
+        raise InvalidControl(f"{param} must be a positive integer", param=param)
+    try:
+        number = int(value) if not isinstance(value, float) or value.is_integer() else None
+    except (TypeError, ValueError):
+        number = None
+    if number is None or number <= 0:
+        raise InvalidControl(f"{param} must be a positive integer", param=param)
+    return number
+
+
+def _fraction(value: Any, param: str) -> float:
+    if isinstance(value, bool):
+        raise InvalidControl(f"{param} must be a number in (0, 1]", param=param)
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = float("nan")
+    if not 0 < number <= 1:
+        raise InvalidControl(f"{param} must be a number in (0, 1]", param=param)
+    return number
+
+
+def parse_controls(headers: Mapping[str, str], body: dict[str, Any]) -> tuple[Controls, bool]:
+    """Controls from headers (lower-cased names) and the body; headers win over the body.
+
+    The body keys `compaction` and `transforms` are removed from `body` (they must not reach the
+    upstream); the bool says whether the body changed.
+    """
+    raw: dict[str, tuple[Any, str]] = {}
+    changed = False
+    if "transforms" in body:
+        transforms = body.pop("transforms")
+        changed = True
+        if not isinstance(transforms, list) or not all(isinstance(t, str) for t in transforms):
+            raise InvalidControl("transforms must be an array of strings", param="transforms")
+        unknown = [t for t in transforms if t != "middle-out"]
+        if unknown:
+            raise InvalidControl(
+                f"transforms: unsupported transform {unknown[0]!r} (only 'middle-out')",
+                param="transforms",
+            )
+        raw["x-compaction-strategy"] = ("middle-out" if transforms else "none", "transforms")
+    if "compaction" in body:
+        section = body.pop("compaction")
+        changed = True
+        if not isinstance(section, dict):
+            raise InvalidControl("compaction must be an object", param="compaction")
+        for key, value in section.items():
+            header = _BODY_KEYS.get(key)
+            if header is None:
+                raise InvalidControl(f"compaction.{key} is not a known field", param="compaction")
+            if value is not None:
+                raw[header] = (value, f"compaction.{key}")
+    for name, value in headers.items():
+        lower = name.lower()
+        if lower.startswith(HEADER_PREFIX):
+            if lower not in _BODY_KEYS.values():
+                raise InvalidControl(f"unknown header {name}", param=name)
+            raw[lower] = (value, name)
+
+    controls = Controls()
+    strategies = context_limit = threshold = target = summary_model = None
+    if "x-compaction-strategy" in raw:
+        value, param = raw["x-compaction-strategy"]
+        strategies = parse_strategy(value, param)
+    if "x-compaction-context-limit" in raw:
+        context_limit = _limit(*raw["x-compaction-context-limit"])
+    if "x-compaction-threshold" in raw:
+        threshold = _fraction(*raw["x-compaction-threshold"])
+    if "x-compaction-target" in raw:
+        target = _fraction(*raw["x-compaction-target"])
+    if threshold is not None and target is not None and target > threshold:
+        raise InvalidControl(
+            "X-Compaction-Target must be <= X-Compaction-Threshold",
+            param=raw["x-compaction-target"][1],
+        )
+    if "x-compaction-summary-model" in raw:
+        value, param = raw["x-compaction-summary-model"]
+        if not isinstance(value, str) or not value.strip():
+            raise InvalidControl(f"{param} must be a non-empty string", param=param)
+        summary_model = value.strip()
+    controls = Controls(
+        strategies=strategies if "x-compaction-strategy" in raw else controls.strategies,
+        context_limit=context_limit,
+        threshold=threshold,
+        target=target,
+        summary_model=summary_model,
+    )
+    return controls, changed
+
+
+def resolve_pipeline(
+    strategies: tuple[StrategyName, ...] | None, summarizer_available: bool
+) -> tuple[StrategyName, ...]:
+    """The ordered pipeline: `auto` is truncate, prune, then summarize if usable else trim."""
+    if strategies is None:
+        return ("truncate", "prune", "summarize" if summarizer_available else "trim")
+    return strategies

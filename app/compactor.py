@@ -1,0 +1,293 @@
+"""The compaction service: controls, window, token count, plan, and the forwarded body.
+
+It glues the pure core (policy, counting, the planner) to a request: it resolves the window
+(header > setting > learned/discovered > table > fallback), counts, compacts, decides whether the
+original bytes can go upstream untouched, and writes the `X-Compaction-*` report headers.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from app.chat import Exchange
+from app.compaction.engine import CompactionResult, compact
+from app.compaction.planner import plan
+from app.compaction.policy import (
+    Budget,
+    Controls,
+    StrategyName,
+    parse_controls,
+    parse_strategy,
+    resolve_pipeline,
+)
+from app.errors import ContextLengthExceeded
+from app.limits import WindowRegistry, output_reserve
+from app.overflow import parse_overflow
+from app.settings import OnOverflow, Settings
+from app.summarize import Summaries, SummaryJob, summary_budget
+from app.summarizer import Completer, SummaryFailed, SummaryUsage
+from app.tokens import TokenCounter
+
+CompleterFactory = Callable[[str, Mapping[str, str]], Completer]
+PROMPT_OVERHEAD = 700  # the summary prompt's own instructions, in tokens
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Preview:
+    """The outcome of compacting one request, without forwarding it."""
+
+    body: dict[str, Any]
+    result: CompactionResult
+    window: int
+    limit_source: str
+    reserve: int
+    changed_body: bool
+    exact: bool
+    encoding: str | None
+    summary_usage: SummaryUsage
+    fallback: str | None
+
+
+def report_headers(preview: Preview) -> dict[str, str]:
+    """The `X-Compaction-*` response headers (DESIGN.md §2)."""
+    result = preview.result
+    headers = {
+        "X-Compaction-Applied": ",".join(result.applied) or "none",
+        "X-Compaction-Tokens-Before": str(result.tokens_before),
+        "X-Compaction-Tokens-After": str(result.tokens_after),
+        "X-Compaction-Context-Limit": str(preview.window),
+        "X-Compaction-Messages-Before": str(result.messages_before),
+        "X-Compaction-Messages-After": str(result.messages_after),
+    }
+    if result.over_budget:
+        headers["X-Compaction-Over-Budget"] = "true"
+    usage = preview.summary_usage
+    if usage.calls:
+        headers["X-Compaction-Summary-Calls"] = str(usage.calls)
+        headers["X-Compaction-Summary-Prompt-Tokens"] = str(usage.prompt_tokens)
+        headers["X-Compaction-Summary-Completion-Tokens"] = str(usage.completion_tokens)
+    if preview.fallback is not None:
+        headers["X-Compaction-Summary-Fallback"] = preview.fallback[:200]
+    return headers
+
+
+class CompactionService:
+    """Implements the chat service's `Compactor` seam, and serves the preview endpoint."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        counter: TokenCounter,
+        windows: WindowRegistry,
+        summaries: Summaries | None = None,
+        completer_for: CompleterFactory | None = None,
+    ) -> None:
+        self._settings = settings
+        self._counter = counter
+        self._windows = windows
+        self._summaries = summaries
+        self._completer_for = completer_for
+        self._default_strategies = parse_strategy(settings.strategy, "INFLIGHT_STRATEGY")
+
+    async def plan(
+        self,
+        headers: Mapping[str, str],
+        body: dict[str, Any],
+        base_url: str,
+        *,
+        strategies: tuple[StrategyName, ...] | None = None,
+    ) -> Preview:
+        """Compact `body` (its control keys are removed in place) for the model's window."""
+        controls, changed_body = parse_controls({k.lower(): v for k, v in headers.items()}, body)
+        model: str = body["model"]
+        window = await self._windows.window_for(
+            model,
+            base_url,
+            header_limit=controls.context_limit,
+            setting_limit=self._settings.context_limit,
+        )
+        reserve = output_reserve(body, window.tokens)
+        threshold = controls.threshold or self._settings.threshold
+        budget = Budget(
+            window=window.tokens,
+            reserve=reserve,
+            threshold=threshold,
+            target=min(controls.target or self._settings.target, threshold),
+        )
+        if strategies is None:
+            strategies = self._strategies(controls)
+        can_summarize = self._summaries is not None and self._completer_for is not None
+        pipeline = resolve_pipeline(strategies, summarizer_available=can_summarize)
+        summary_model = controls.summary_model or self._settings.summary_model or model
+        outcome = await self._compact(
+            body, pipeline, budget, model, summary_model, base_url, headers
+        )
+        result, usage, fallback = outcome
+        return Preview(
+            body,
+            result,
+            window.tokens,
+            str(window.source),
+            reserve,
+            changed_body,
+            self._counter.is_exact(model),
+            self._counter.encoding_name(model),
+            usage,
+            fallback,
+        )
+
+    async def _compact(
+        self,
+        body: dict[str, Any],
+        pipeline: tuple[StrategyName, ...],
+        budget: Budget,
+        model: str,
+        summary_model: str,
+        base_url: str,
+        headers: Mapping[str, str],
+    ) -> tuple[CompactionResult, SummaryUsage, str | None]:
+        """Run the pipeline; `summarize` asks the upstream, and falls back to `trim`."""
+        messages = body["messages"]
+
+        def count(message: Mapping[str, Any]) -> int:
+            return self._counter.count_message(model, message)
+
+        fixed = self._counter.count_fixed(model, body)
+        if "summarize" not in pipeline or self._summaries is None or self._completer_for is None:
+            return compact(messages, pipeline, budget, count, fixed), SummaryUsage(), None
+        reserved = summary_budget(budget.goal)
+        the_plan = plan(messages, pipeline, budget, count, fixed, reserved)
+        if not the_plan.summarize:
+            return (
+                compact(
+                    messages,
+                    pipeline,
+                    budget,
+                    count,
+                    fixed,
+                    summary="",
+                    summary_tokens=reserved,
+                    planned=the_plan,
+                ),
+                SummaryUsage(),
+                None,
+            )
+        window = await self._windows.window_for(summary_model, base_url)
+        job = SummaryJob(
+            messages=messages,
+            plan=the_plan,
+            model=summary_model,
+            complete=self._completer_for(summary_model, headers),
+            summary_tokens=reserved,
+            chunk_tokens=max(256, window.tokens - 2 * reserved - PROMPT_OVERHEAD),
+            count_text=lambda text: self._counter.count_text(summary_model, text),
+        )
+        try:
+            text = await self._summaries.summary_for(job)
+        except SummaryFailed as exc:
+            logger.warning("summary failed for %s, falling back to trim: %s", model, exc)
+            trimmed = tuple("trim" if s == "summarize" else s for s in pipeline)
+            return compact(messages, trimmed, budget, count, fixed), job.usage, str(exc)
+        result = compact(
+            messages, pipeline, budget, count, fixed,
+            summary=text, summary_tokens=reserved, planned=the_plan,
+        )  # fmt: skip
+        return result, job.usage, None
+
+    def _strategies(self, controls: Controls) -> tuple[StrategyName, ...] | None:
+        if controls.strategies is not None:
+            return controls.strategies
+        return self._default_strategies
+
+    async def prepare(self, headers: Mapping[str, str], exchange: Exchange, base_url: str) -> None:
+        exchange.request_headers = {k.lower(): v for k, v in headers.items()}
+        preview = await self.plan(exchange.request_headers, exchange.body, base_url)
+        self._apply(exchange, preview)
+
+    def _apply(self, exchange: Exchange, preview: Preview) -> None:
+        result = preview.result
+        if result.over_budget and self._settings.on_overflow is OnOverflow.REJECT:
+            raise ContextLengthExceeded(
+                f"the conversation needs {result.tokens_after} tokens after compaction, more than "
+                f"the {preview.window - preview.reserve}-token budget of this model's "
+                f"{preview.window}-token window",
+                param="messages",
+            )
+        if result.applied:
+            exchange.body = {**preview.body, "messages": list(result.messages)}
+        if result.applied or preview.changed_body:
+            exchange.forward = orjson.dumps(exchange.body)
+        exchange.tokens_before = result.tokens_before
+        exchange.tokens_after = result.tokens_after
+        exchange.context_limit = preview.window
+        exchange.strategies = tuple(result.applied)
+        exchange.summary_usage = preview.summary_usage
+        exchange.headers.update(report_headers(preview))
+
+    async def recover(self, exchange: Exchange, base_url: str, status: int, content: bytes) -> bool:
+        info = parse_overflow(status, content)
+        if info is None or info.window is None:
+            return False
+        if exchange.context_limit is not None and info.window >= exchange.context_limit:
+            # Our window was right; the estimate was low. Learn a tighter window anyway so the
+            # retry is compacted harder (the calibration factor will catch up on the counter).
+            learned = max(1, int(info.window * 0.9))
+        else:
+            learned = info.window
+        self._windows.learn(base_url, exchange.model, learned)
+        logger.info(
+            "upstream overflow for %s: learned window %d, compacting and retrying once",
+            exchange.model,
+            learned,
+        )
+        preview = await self.plan(exchange.request_headers, orjson.loads(exchange.raw), base_url)
+        if preview.window == exchange.context_limit and not preview.result.applied:
+            return False  # a header forces this window, or nothing more can be cut: no retry
+        self._apply(exchange, preview)
+        return True
+
+
+def preview_report(preview: Preview) -> dict[str, Any]:
+    """The `report` object of `POST /v1/compaction/preview`."""
+    result = preview.result
+    plan = result.plan
+    return {
+        "applied": list(result.applied),
+        "tokens_before": result.tokens_before,
+        "tokens_after": result.tokens_after,
+        "messages_before": result.messages_before,
+        "messages_after": result.messages_after,
+        "context_limit": preview.window,
+        "limit_source": preview.limit_source,
+        "output_reserve": preview.reserve,
+        "budget": preview.window - preview.reserve,
+        "over_budget": result.over_budget,
+        "exact": preview.exact,
+        "encoding": preview.encoding,
+        "pinned_head_units": plan.head,
+        "units": len(plan.units),
+        "compaction_events": len(plan.events),
+    }
+
+
+def count_report(preview: Preview, model: str) -> dict[str, Any]:
+    """The body of `POST /v1/compaction/count` (tokens of the request as received)."""
+    tokens = preview.result.tokens_before
+    budget = max(1, preview.window - preview.reserve)
+    return {
+        "model": model,
+        "prompt_tokens": tokens,
+        "context_limit": preview.window,
+        "limit_source": preview.limit_source,
+        "output_reserve": preview.reserve,
+        "usage_ratio": round(tokens / budget, 4),
+        "exact": preview.exact,
+        "encoding": preview.encoding,
+    }

@@ -1,0 +1,104 @@
+"""The proxy's own error tree and the one handler that renders OpenAI's error envelope.
+
+ProxyError
+ ├── BadRequest (400, invalid_request_error)
+ │    ├── InvalidJSON            code=invalid_json
+ │    ├── InvalidControl         code=invalid_compaction_control (a bad X-Compaction-* / body value)
+ │    └── ContextLengthExceeded  code=context_length_exceeded (ON_OVERFLOW=reject)
+ ├── Unauthorized (401, invalid_api_key)
+ ├── PayloadTooLarge (413)
+ ├── UpstreamUnavailable (502: refused, reset, broken body)
+ └── UpstreamTimeout (504)
+
+Errors that the upstream itself returns are not ProxyErrors: they are relayed verbatim.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+
+class ProxyError(Exception):
+    """An error produced by the proxy itself, rendered as `{"error": {...}}`."""
+
+    status_code: ClassVar[int] = 500
+    error_type: ClassVar[str] = "server_error"
+    code: ClassVar[str | None] = None
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.error_type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def to_response(self) -> Response:
+        return Response(
+            orjson.dumps(self.body()),
+            status_code=self.status_code,
+            media_type="application/json",
+        )
+
+    def sse_frame(self) -> bytes:
+        """The error as a final SSE event, for a stream that already started."""
+        return b"event: error\ndata: " + orjson.dumps(self.body()) + b"\n\n"
+
+
+class BadRequest(ProxyError):
+    status_code = 400
+    error_type = "invalid_request_error"
+    code = "invalid_request"
+
+
+class InvalidJSON(BadRequest):
+    code = "invalid_json"
+
+
+class InvalidControl(BadRequest):
+    code = "invalid_compaction_control"
+
+
+class ContextLengthExceeded(BadRequest):
+    code = "context_length_exceeded"
+
+
+class Unauthorized(ProxyError):
+    status_code = 401
+    error_type = "invalid_request_error"
+    code = "invalid_api_key"
+
+
+class PayloadTooLarge(ProxyError):
+    status_code = 413
+    error_type = "invalid_request_error"
+    code = "payload_too_large"
+
+
+class UpstreamUnavailable(ProxyError):
+    status_code = 502
+    error_type = "upstream_error"
+    code = "upstream_unavailable"
+
+
+class UpstreamTimeout(ProxyError):
+    status_code = 504
+    error_type = "upstream_error"
+    code = "upstream_timeout"
+
+
+async def proxy_error_handler(request: Request, exc: Exception) -> Response:
+    """Render any ProxyError as OpenAI's envelope (registered once in the factory)."""
+    assert isinstance(exc, ProxyError)
+    return exc.to_response()

@@ -1,0 +1,134 @@
+"""`create_app`: builds every collaborator once, wires routes and the error handler."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+
+import httpx
+from fastapi import FastAPI
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from app import __version__
+from app.auth import KeyChecker
+from app.chat import ChatService, Exchange
+from app.compactor import CompactionService
+from app.discovery import discover_window
+from app.encodings import load_encodings
+from app.errors import BadRequest, ProxyError, proxy_error_handler
+from app.limits import ModelTable, WindowRegistry
+from app.metrics import Metrics
+from app.passthrough import PassthroughService
+from app.recording import records_for
+from app.routes import chat, compaction, ops, passthrough
+from app.settings import Settings
+from app.state import AppState
+from app.stores import open_store
+from app.summaries import SingleFlight, open_cache
+from app.summarize import Summaries
+from app.summarizer import Completer, SummaryPrompt
+from app.tokens import ChatTokenCounter
+from app.upstream import Upstream, summary_completer
+from app.usage import UsageQueue
+
+logger = logging.getLogger(__name__)
+
+
+class _NotFound(BadRequest):
+    status_code = 404
+    code = "not_found"
+
+
+class _MethodNotAllowed(BadRequest):
+    status_code = 405
+    code = "method_not_allowed"
+
+
+async def _http_error_handler(request: Request, exc: Exception) -> Response:
+    """Starlette's own 404/405 in OpenAI's envelope too."""
+    assert isinstance(exc, HTTPException)
+    error: ProxyError = (
+        _MethodNotAllowed(f"method {request.method} not allowed on {request.url.path}")
+        if exc.status_code == 405
+        else _NotFound(f"no route {request.method} {request.url.path}")
+    )
+    return error.to_response()
+
+
+async def _unexpected_error_handler(request: Request, exc: Exception) -> Response:
+    logger.exception("unexpected error on %s %s", request.method, request.url.path)
+    return ProxyError("internal error in the proxy").to_response()
+
+
+def create_app(settings: Settings, *, transport: httpx.AsyncBaseTransport | None = None) -> FastAPI:
+    """The ASGI app. `transport` lets tests put a fake upstream behind the pooled client."""
+    table = ModelTable.load(settings.config_dir / "models.toml")
+    upstream = Upstream(settings, routes=table, transport=transport)
+    encodings = load_encodings()
+    counter = ChatTokenCounter(encodings, table)
+
+    async def discover(base_url: str, model: str) -> int | None:
+        return await discover_window(upstream, base_url, model)
+
+    windows = WindowRegistry(table, discover, ttl=settings.discovery_ttl)
+    prompt = SummaryPrompt.load(settings.config_dir / "summary_prompt.md")
+    cache = open_cache(settings.cache_url)
+    summaries = Summaries(prompt, SingleFlight(cache))
+
+    def completer_for(model: str, headers: Mapping[str, str]) -> Completer:
+        return summary_completer(upstream, model, headers, settings.summary_timeout)
+
+    compactor = CompactionService(settings, counter, windows, summaries, completer_for)
+
+    store = open_store(settings.database_url)
+    queue = UsageQueue(store)
+    metrics = Metrics(lambda: queue.depth, counter.calibration_factors)
+
+    async def on_done(exchange: Exchange) -> None:
+        usage = exchange.usage
+        if usage is not None and usage.prompt_tokens and exchange.outcome == "completed":
+            counter.observe(exchange.model, exchange.body, usage.prompt_tokens)
+        for record in records_for(exchange):
+            metrics.observe(record)
+            queue.submit(record)
+
+    state = AppState(
+        settings=settings,
+        upstream=upstream,
+        keys=KeyChecker(settings.api_keys),
+        chat=ChatService(settings, upstream, compactor=compactor, on_done=on_done),
+        passthrough=PassthroughService(settings, upstream),
+        counter=counter,
+        windows=windows,
+        compactor=compactor,
+        store=store,
+        queue=queue,
+        metrics=metrics,
+        encodings_missing=encodings.missing,
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await store.open()
+        await queue.start()
+        try:
+            yield
+        finally:
+            await queue.close()  # flush every record before the store closes
+            await store.close()
+            await upstream.aclose()
+            await cache.close()
+
+    app = FastAPI(title="inflight", version=__version__, lifespan=lifespan)
+    app.state.inflight = state
+    app.add_exception_handler(ProxyError, proxy_error_handler)
+    app.add_exception_handler(HTTPException, _http_error_handler)
+    app.add_exception_handler(Exception, _unexpected_error_handler)
+    app.include_router(ops.router)
+    app.include_router(chat.router)
+    app.include_router(compaction.router)
+    app.include_router(passthrough.router)
+    return app

@@ -1,0 +1,94 @@
+"""Prometheus metrics, one registry per app (never the process-global default registry)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+from app.usage import UsageRecord
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+class Metrics:
+    """The proxy's counters, histograms and gauges, fed from usage records."""
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(
+        self,
+        queue_depth: Callable[[], float],
+        calibration: Callable[[], dict[str, float]],
+    ) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "inflight_requests", "Proxied chat requests", ["model", "status", "stream"], registry=r
+        )
+        self.latency = Histogram(
+            "inflight_request_latency_seconds", "Chat request latency", ["model"],
+            buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.ttfb = Histogram(
+            "inflight_ttfb_seconds", "Time to the first byte of the answer", ["model"],
+            buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.tokens = Counter(
+            "inflight_tokens", "Tokens reported by the upstream", ["model", "kind"], registry=r
+        )
+        self.saved = Counter(
+            "inflight_tokens_saved", "Prompt tokens removed by compaction", ["model"], registry=r
+        )
+        self.compactions = Counter(
+            "inflight_compactions", "Requests compacted, by strategy", ["strategy"], registry=r
+        )
+        self.upstream_errors = Counter(
+            "inflight_upstream_errors", "Upstream errors and broken streams", ["status"], registry=r
+        )
+        self.summaries = Counter(
+            "inflight_summary_calls", "Summary calls made upstream", ["model"], registry=r
+        )
+        self.queue = Gauge("inflight_usage_queue_depth", "Usage records waiting", registry=r)
+        self.queue.set_function(queue_depth)
+        self._calibration = calibration
+        self.factors = Gauge(
+            "inflight_calibration_factor", "Token estimate correction", ["model"], registry=r
+        )
+
+    def observe(self, record: UsageRecord) -> None:
+        if record.kind == "summary":
+            self.summaries.labels(record.model).inc()
+            self._tokens(record)
+            return
+        self.requests.labels(record.model, str(record.status), str(record.stream).lower()).inc()
+        self.latency.labels(record.model).observe(record.latency_ms / 1000)
+        if record.ttfb_ms is not None:
+            self.ttfb.labels(record.model).observe(record.ttfb_ms / 1000)
+        self._tokens(record)
+        self.saved.labels(record.model).inc(max(0, record.tokens_before - record.tokens_after))
+        for strategy in record.strategies:
+            self.compactions.labels(strategy).inc()
+        if record.outcome == "upstream_error":
+            self.upstream_errors.labels(str(record.status)).inc()
+
+    def _tokens(self, record: UsageRecord) -> None:
+        for kind, value in (
+            ("prompt", record.prompt_tokens),
+            ("completion", record.completion_tokens),
+            ("cached", record.cached_tokens),
+        ):
+            if value:
+                self.tokens.labels(record.model, kind).inc(value)
+
+    def render(self) -> bytes:
+        for model, factor in self._calibration().items():
+            self.factors.labels(model).set(factor)
+        return generate_latest(self.registry)

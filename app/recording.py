@@ -1,0 +1,65 @@
+"""Turning a finished chat exchange into usage records (one, plus one per summary call)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import get_args
+
+from app.chat import Exchange
+from app.summarizer import SummaryUsage
+from app.usage import Outcome, UsageRecord
+
+_OUTCOMES = get_args(Outcome)
+
+
+def records_for(exchange: Exchange) -> list[UsageRecord]:
+    now = time.time()
+    request_id = uuid.uuid4().hex
+    usage = exchange.usage
+    outcome: Outcome = exchange.outcome if exchange.outcome in _OUTCOMES else "upstream_error"  # type: ignore[assignment]
+    records = [
+        UsageRecord(
+            ts=now,
+            request_id=request_id,
+            kind="chat",
+            model=exchange.model,
+            client_key_id=exchange.client_key_id,
+            stream=exchange.stream,
+            status=exchange.status,
+            outcome=outcome,
+            latency_ms=(time.perf_counter() - exchange.started) * 1000,
+            ttfb_ms=exchange.ttfb * 1000 if exchange.ttfb is not None else None,
+            prompt_tokens=usage.prompt_tokens if usage else None,
+            completion_tokens=usage.completion_tokens if usage else None,
+            cached_tokens=usage.cached_tokens if usage else None,
+            tokens_before=exchange.tokens_before,
+            tokens_after=exchange.tokens_after,
+            strategies=exchange.strategies,
+            context_limit=exchange.context_limit,
+        )
+    ]
+    summary = exchange.summary_usage
+    if isinstance(summary, SummaryUsage) and summary.calls:
+        records.append(
+            UsageRecord(
+                ts=now,
+                request_id=request_id,
+                kind="summary",
+                model=exchange.model,
+                client_key_id=exchange.client_key_id,
+                stream=False,
+                status=200,
+                outcome="completed",
+                latency_ms=0.0,
+                ttfb_ms=None,
+                prompt_tokens=summary.prompt_tokens,
+                completion_tokens=summary.completion_tokens,
+                cached_tokens=None,
+                tokens_before=0,
+                tokens_after=0,
+                strategies=("summarize",),
+                context_limit=None,
+            )
+        )
+    return records

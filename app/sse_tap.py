@@ -1,0 +1,106 @@
+"""Incremental SSE reader for relayed chat streams: reads usage, `[DONE]` and errors.
+
+It sees the upstream's bytes chunk by chunk and holds at most one partial line. Only lines that
+can carry usage or an error are parsed; everything else passes through untouched. When the proxy
+itself asked the upstream for usage (the client did not), the usage-only chunk is cut out of what
+the client sees.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+
+@dataclass(slots=True)
+class Usage:
+    """Token usage as the upstream reported it."""
+
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+
+    @classmethod
+    def from_json(cls, usage: Any) -> Usage | None:
+        if not isinstance(usage, dict):
+            return None
+        details = usage.get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        return cls(
+            _int_or_none(usage.get("prompt_tokens")),
+            _int_or_none(usage.get("completion_tokens")),
+            _int_or_none(cached),
+        )
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+@dataclass(slots=True)
+class SSETap:
+    """Feed it upstream chunks; it returns the bytes to send to the client."""
+
+    strip_usage_chunk: bool = False
+    usage: Usage | None = None
+    done: bool = False
+    error: Any = None
+    _partial: bytes = b""
+    _skip_blank: bool = field(default=False)
+
+    def feed(self, chunk: bytes) -> bytes:
+        data = self._partial + chunk
+        cut = data.rfind(b"\n") + 1
+        complete, self._partial = data[:cut], data[cut:]
+        if not complete:
+            return b"" if self.strip_usage_chunk else chunk
+        if not self.strip_usage_chunk:
+            for line in complete.splitlines():
+                self._observe(line)
+            return chunk
+        out = bytearray()
+        for line in complete.splitlines(keepends=True):
+            stripped = line.rstrip(b"\r\n")
+            if self._skip_blank and not stripped:
+                self._skip_blank = False
+                continue
+            self._skip_blank = False
+            if self._observe(stripped):
+                self._skip_blank = True
+                continue
+            out += line
+        return bytes(out)
+
+    def flush(self) -> bytes:
+        """What is left at the end of the stream (a last line without newline)."""
+        rest, self._partial = self._partial, b""
+        if rest:
+            self._observe(rest.rstrip(b"\r"))
+        return rest if self.strip_usage_chunk else b""
+
+    def _observe(self, line: bytes) -> bool:
+        """Read one line; True when it is the usage-only chunk (to cut when stripping)."""
+        if not line.startswith(b"data:"):
+            return False
+        payload = line[5:].strip()
+        if payload == b"[DONE]":
+            self.done = True
+            return False
+        if b'"usage"' not in payload and b'"error"' not in payload:
+            return False
+        try:
+            event = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            return False
+        if not isinstance(event, dict):
+            return False
+        if event.get("error"):
+            self.error = event["error"]
+        usage = Usage.from_json(event.get("usage"))
+        if usage is None:
+            return False
+        self.usage = usage
+        choices = event.get("choices")
+        return not choices

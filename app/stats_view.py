@@ -1,0 +1,65 @@
+"""`inflight stats`: the `/stats` JSON as a terminal table with bars (pure: returns text)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+BLOCKS = " ▏▎▍▌▋▊▉█"
+
+
+def bar(value: float, total: float, width: int) -> str:
+    """A horizontal bar of `width` cells for value/total, with eighth-cell precision."""
+    if total <= 0 or width <= 0:
+        return " " * max(width, 0)
+    eighths = round(min(1.0, max(0.0, value / total)) * width * 8)
+    full, part = divmod(eighths, 8)
+    text = "█" * full + (BLOCKS[part] if part else "")
+    return text.ljust(width)
+
+
+def _n(value: float) -> str:
+    for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= size:
+            return f"{value / size:.1f}{unit}"
+    return f"{value:.0f}"
+
+
+def render_stats(stats: Mapping[str, Any], width: int = 80) -> str:
+    bar_width = max(10, width - 50)
+    lines = ["inflight usage", "=" * min(width, 60)]
+    tokens_in = stats.get("tokens_in", 0)
+    saved = stats.get("tokens_saved", 0)
+    share = saved / (tokens_in + saved) if tokens_in + saved else 0.0
+    lines += [
+        f"requests         {stats.get('requests', 0):>10}   "
+        f"summary calls {stats.get('summary_calls', 0)}",
+        f"tokens in        {_n(tokens_in):>10}   cached {_n(stats.get('tokens_cached', 0))}",
+        f"tokens out       {_n(stats.get('tokens_out', 0)):>10}",
+        f"saved (compact)  {_n(saved):>10}   {bar(share, 1, bar_width)} {share:.0%}",
+        "",
+        f"{'model':<28}{'requests':>9}{'tokens in':>11}  share of tokens in",
+    ]
+    models = stats.get("models", {})
+    top = max((m.get("tokens_in", 0) for m in models.values()), default=0)
+    for name, entry in sorted(models.items(), key=lambda kv: -kv[1].get("tokens_in", 0)):
+        lines.append(
+            f"{name[:27]:<28}{entry.get('requests', 0):>9}{_n(entry.get('tokens_in', 0)):>11}  "
+            f"{bar(entry.get('tokens_in', 0), top, bar_width)}"
+        )
+    windows = {n: e["recent_window_share"] for n, e in models.items() if "recent_window_share" in e}
+    if windows:
+        lines += ["", "window used by recent requests (after compaction)"]
+        for name, value in sorted(windows.items()):
+            lines.append(f"  {name[:26]:<26} {bar(value, 1, bar_width)} {value:.0%}")
+    compactions = stats.get("compactions", {})
+    if compactions:
+        lines += ["", "compactions by strategy"]
+        most = max(compactions.values())
+        for name, count in sorted(compactions.items(), key=lambda kv: -kv[1]):
+            lines.append(f"  {name:<26} {bar(count, most, bar_width)} {count}")
+    factors = stats.get("calibration", {})
+    if factors:
+        lines += ["", "token calibration factors"]
+        lines += [f"  {name[:26]:<26} ×{value:.3f}" for name, value in sorted(factors.items())]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,28 @@
+"""`INFLIGHT_DATABASE_URL=none`: usage is not stored (metrics still count it)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from app.stores.sql import summarize
+from app.usage import UsageRecord
+
+
+class NullStore:
+    """Discards records; `/stats` then shows zero totals."""
+
+    async def open(self) -> None:
+        return None
+
+    async def write_many(self, records: Sequence[UsageRecord]) -> None:
+        return None
+
+    async def totals(self) -> dict[str, Any]:
+        return summarize([], [], [])
+
+    async def ping(self) -> bool:
+        return True
+
+    async def close(self) -> None:
+        return None

@@ -1,0 +1,68 @@
+"""PostgreSQL usage store, for several replicas sharing one database (`postgresql://…`)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+
+from app.stores import sql
+from app.usage import UsageRecord
+
+
+class PostgresStore:
+    """One async connection, serialised by a lock; batches make that plenty."""
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._lock = asyncio.Lock()
+
+    async def open(self) -> None:
+        if self._conn is not None:
+            return
+        self._conn = await psycopg.AsyncConnection.connect(self._url, autocommit=True)
+        async with self._lock, self._conn.transaction():
+            # One replica at a time creates or migrates the schema.
+            await self._conn.execute("SELECT pg_advisory_xact_lock(7241)")
+            for statement in sql.CREATE:
+                await self._conn.execute(statement)
+            cursor = await self._conn.execute("SELECT COUNT(*) FROM inflight_schema")
+            row = await cursor.fetchone()
+            if row is not None and row[0] == 0:
+                await self._conn.execute(
+                    "INSERT INTO inflight_schema (version) VALUES (%s)", (sql.SCHEMA_VERSION,)
+                )
+
+    def _connection(self) -> psycopg.AsyncConnection[Any]:
+        if self._conn is None:
+            raise RuntimeError("store not open")
+        return self._conn
+
+    async def write_many(self, records: Sequence[UsageRecord]) -> None:
+        conn = self._connection()
+        async with self._lock, conn.transaction(), conn.cursor() as cursor:
+            await cursor.executemany(sql.insert_sql("%s"), sql.rows(records))
+
+    async def totals(self) -> dict[str, Any]:
+        conn = self._connection()
+        async with self._lock:
+            groups = await (await conn.execute(sql.TOTALS)).fetchall()
+            strategies = await (await conn.execute(sql.STRATEGIES)).fetchall()
+            recent = await (await conn.execute(sql.RECENT)).fetchall()
+        return sql.summarize(groups, strategies, recent)
+
+    async def ping(self) -> bool:
+        try:
+            async with self._lock:
+                await self._connection().execute("SELECT 1")
+        except (psycopg.Error, RuntimeError):
+            return False
+        return True
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            await self._conn.close()
+            self._conn = None

@@ -1,0 +1,125 @@
+"""The `summarize` strategy's async side: rolling summaries through the upstream, cached.
+
+The pure planner decides which span a summary replaces (its cut only moves at compaction
+events). Here the summary for the current cut is found or made: from the cache (keyed by a hash
+of the summarised span, the model and the prompt version); else by updating the summary of the
+previous event's cut with the newly cut span (one upstream call per event); else, on a cold
+cache, from scratch in chunks that each fit the summariser's window. Any failure — error
+status, timeout, empty or oversized answer — raises `SummaryFailed`; the caller falls back to
+`trim` for that request.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from app.compaction.planner import Plan, render_span
+from app.summaries import SingleFlight
+from app.summarizer import (
+    Completer,
+    SummaryFailed,
+    SummaryPrompt,
+    SummaryUsage,
+    chunk_transcript,
+    parse_summary,
+)
+
+logger = logging.getLogger(__name__)
+
+TextCounter = Callable[[str], int]
+
+
+def summary_budget(goal_tokens: int) -> int:
+    """Tokens reserved for the summary message: a quarter of the target, 128–1,024."""
+    return max(128, min(1024, goal_tokens // 4))
+
+
+def span_keys(
+    messages: Sequence[Mapping[str, Any]], plan: Plan, model: str, prompt: SummaryPrompt
+) -> list[tuple[int, str]]:
+    """(unit where the span ends, cache key) for each event cut, oldest first.
+
+    A key hashes everything summarised up to that cut, so it is the same on every replica and
+    changes only when the summarised content does.
+    """
+    head_end = plan.units[plan.head - 1].end if plan.head else 0
+    h = hashlib.sha256(f"{model}\0{prompt.version}\0".encode())
+    keys: list[tuple[int, str]] = []
+    position = head_end
+    for cut in plan.events:
+        end = plan.units[cut].start if cut < len(plan.units) else len(messages)
+        for message in messages[position:end]:
+            h.update(orjson.dumps(message, option=orjson.OPT_SORT_KEYS))
+            h.update(b"\0")
+        position = end
+        keys.append((cut, h.copy().hexdigest()))
+    return keys
+
+
+@dataclass(slots=True)
+class SummaryJob:
+    """Everything one request's summary needs."""
+
+    messages: Sequence[Mapping[str, Any]]
+    plan: Plan
+    model: str
+    complete: Completer
+    summary_tokens: int
+    chunk_tokens: int
+    count_text: TextCounter
+    usage: SummaryUsage = field(default_factory=SummaryUsage)
+
+
+class Summaries:
+    """Finds or makes the summary of a plan's cut span."""
+
+    def __init__(self, prompt: SummaryPrompt, flight: SingleFlight) -> None:
+        self.prompt = prompt
+        self._flight = flight
+
+    async def summary_for(self, job: SummaryJob) -> str:
+        keys = span_keys(job.messages, job.plan, job.model, self.prompt)
+        return await self._chain(job, keys, len(keys) - 1)
+
+    async def _chain(self, job: SummaryJob, keys: list[tuple[int, str]], index: int) -> str:
+        end, key = keys[index]
+
+        async def compute() -> str:
+            previous: str | None = None
+            start = job.plan.head
+            if index > 0:
+                previous = await self._chain(job, keys, index - 1)
+                start = keys[index - 1][0]
+            # What leaves the prompt, as the prompt showed it (pruned outputs as placeholders).
+            span = render_span(job.messages, job.plan, start, end)
+            return await self._summarize(job, span, previous)
+
+        return await self._flight.get_or_compute(key, compute)
+
+    async def _summarize(
+        self, job: SummaryJob, span: Sequence[Mapping[str, Any]], previous: str | None
+    ) -> str:
+        summary = previous
+        for chunk in chunk_transcript(span, job.count_text, job.chunk_tokens):
+            body = {
+                "model": job.model,
+                "messages": [{"role": "user", "content": self.prompt.render(chunk, summary)}],
+                "max_tokens": job.summary_tokens,
+                "temperature": 0,
+                "stream": False,
+            }
+            status, content = await job.complete(body)
+            summary, usage = parse_summary(status, content, max_chars=job.summary_tokens * 8)
+            # The upstream enforces max_tokens; twice the budget by our estimate means it did not.
+            if job.count_text(summary) > job.summary_tokens * 2:
+                raise SummaryFailed("summary far longer than its reserved budget")
+            job.usage = job.usage + usage
+        if summary is None:
+            raise SummaryFailed("nothing to summarise")
+        return summary

@@ -1,0 +1,1 @@
+"""Benchmarks for inflight: run `python -m bench` for the whole report."""

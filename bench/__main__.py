@@ -1,0 +1,80 @@
+"""`python -m bench`: the benchmark report, each figure measured side by side in one run.
+
+Sections: added latency (inflight and LiteLLM vs a direct call), token accuracy and counting
+cost, prefix reuse against re-trimming baselines, planning cost. The llama.cpp accuracy section
+runs when `INFLIGHT_TEST_LLM_URL` points at ../shared/local-llm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import tempfile
+from contextlib import ExitStack
+
+from bench import compaction, facts, latency, load, token_accuracy
+from bench.litellm import ensure_installed, litellm_proxy
+from bench.procs import fake_upstream, proxy, proxy_process
+
+SECTIONS = ("latency", "load", "tokens", "compaction", "facts")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench")
+    parser.add_argument("-n", type=int, default=300, help="requests per target and mode")
+    parser.add_argument("--no-litellm", action="store_true", help="skip the LiteLLM comparison")
+    parser.add_argument("--only", choices=SECTIONS, action="append", help="run only these")
+    args = parser.parse_args()
+    only = set(args.only or SECTIONS)
+    print(f"# inflight benchmark (Python {platform.python_version()}, {os.cpu_count()} cores)\n")
+    if "latency" in only:
+        litellm = None if args.no_litellm else ensure_installed()
+        with ExitStack() as stack:
+            upstream = stack.enter_context(fake_upstream())
+            targets = {"inflight": stack.enter_context(proxy(upstream))}
+            if litellm is not None:
+                targets["litellm"] = stack.enter_context(litellm_proxy(upstream, litellm))
+            results = latency.measure(upstream, targets, n=args.n)
+        print("## Added latency on loopback (fake upstream, 20-chunk streams)\n")
+        print(latency.report(results) + "\n")
+    if "load" in only:
+        with ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
+            upstream = stack.enter_context(fake_upstream())
+            stored, pid = stack.enter_context(
+                proxy_process(upstream, {"INFLIGHT_DATABASE_URL": f"sqlite:///{tmp}/usage.db"})
+            )
+            unrecorded = stack.enter_context(proxy(upstream, {"INFLIGHT_DATABASE_URL": "none"}))
+            print("## Throughput, and the cost of recording usage\n")
+            targets = {
+                "direct": upstream,
+                "inflight (usage in SQLite)": stored,
+                "inflight (recording off)": unrecorded,
+            }
+            print(load.throughput_report(targets) + "\n")
+            print("## Streaming\n")
+            print(load.chunk_delay_report({"direct": upstream, "inflight": stored}) + "\n")
+            print(load.memory_report(stored, pid) + "\n")
+    if "tokens" in only:
+        print("## Token counts: estimate vs exact o200k (model `gpt-4o`)\n")
+        print(token_accuracy.openai_report() + "\n")
+        llm = os.environ.get("INFLIGHT_TEST_LLM_URL")
+        if llm:
+            print("## Token counts: estimate vs the llama.cpp server (Qwen2.5 tokenizer)\n")
+            print(token_accuracy.llama_report(llm) + "\n")
+        print("## Counting cost\n")
+        print(token_accuracy.cost_report() + "\n")
+    if "compaction" in only:
+        print("## Prefix reuse on transcript replays (auto vs re-trimming every request)\n")
+        print(compaction.prefix_reuse_report() + "\n")
+        print("## Planning cost\n")
+        print(compaction.planning_cost_report() + "\n")
+        print(compaction.scaling_report() + "\n")
+    llm = os.environ.get("INFLIGHT_TEST_LLM_URL")
+    if "facts" in only and llm:
+        print("## Fact retention: summarize vs trim (real model)\n")
+        print(facts.retention(llm) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""Throughput, per-chunk streaming delay, memory per in-flight stream, and the cost of
+recording usage — each measured against a direct call or a variant in the same run."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from pathlib import Path
+
+import httpx
+
+BODY = {"model": "bench", "messages": [{"role": "user", "content": "hello " * 50}]}
+
+
+async def _throughput(url: str, clients: int, total: int) -> float:
+    """Requests per second with `clients` concurrent clients (JSON answers)."""
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    headers = {"authorization": "Bearer sk-bench-key"}
+    async with httpx.AsyncClient(timeout=60, limits=limits, headers=headers) as client:
+        queue: asyncio.Queue[int] = asyncio.Queue()
+        for i in range(total):
+            queue.put_nowait(i)
+
+        async def worker() -> None:
+            while not queue.empty():
+                queue.get_nowait()
+                (await client.post(url + "/chat/completions", json=BODY)).raise_for_status()
+
+        for _ in range(clients):  # warm-up connections
+            await client.post(url + "/chat/completions", json=BODY)
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(clients)))
+        return total / (time.perf_counter() - start)
+
+
+def throughput_report(targets: dict[str, str], clients: int = 64, total: int = 3000) -> str:
+    rates = {name: asyncio.run(_throughput(url, clients, total)) for name, url in targets.items()}
+    base = rates["direct"]
+    lines = ["| target | requests/s | vs direct |", "|---|---:|---:|"]
+    lines += [f"| {name} | {rate:.0f} | {rate / base:.2f}× |" for name, rate in rates.items()]
+    return f"{clients} concurrent clients, {total} JSON requests each target:\n\n" + "\n".join(
+        lines
+    )
+
+
+async def _chunk_delays(url: str, streams: int) -> list[float]:
+    """Per chunk: client receive time minus upstream send time (ms), same clock."""
+    delays: list[float] = []
+    body = {**BODY, "stream": True, "bench_stamp": True, "bench_gap": 0.01, "bench_chunks": 20}
+    headers = {"authorization": "Bearer sk-bench-key"}
+    async with httpx.AsyncClient(timeout=60, headers=headers) as client:
+        for _ in range(streams):
+            async with client.stream("POST", url + "/chat/completions", json=body) as response:
+                async for line in response.aiter_lines():
+                    received = time.time_ns()
+                    if '"content":"' in line:
+                        sent = int(line.split('"content":"', 1)[1].split(" ", 1)[0])
+                        delays.append((received - sent) / 1e6)
+    return delays
+
+
+def chunk_delay_report(targets: dict[str, str], streams: int = 30) -> str:
+    lines = ["| target | p50 ms | p99 ms |", "|---|---:|---:|"]
+    for name, url in targets.items():
+        delays = sorted(asyncio.run(_chunk_delays(url, streams)))
+        p99 = delays[int(0.99 * (len(delays) - 1))]
+        lines.append(f"| {name} | {statistics.median(delays):.2f} | {p99:.2f} |")
+    return (
+        "Delay from the upstream writing a chunk to the client reading it (20-chunk streams, "
+        "10 ms apart):\n\n" + "\n".join(lines)
+    )
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError("no VmRSS")
+
+
+async def _hold_streams(url: str, count: int, pid: int) -> tuple[int, int]:
+    """RSS before and while `count` streams are open (each held ~3 s by the upstream)."""
+    body = {**BODY, "stream": True, "bench_gap": 0.5, "bench_chunks": 8}
+    limits = httpx.Limits(max_connections=count + 10)
+    headers = {"authorization": "Bearer sk-bench-key"}
+    async with httpx.AsyncClient(timeout=60, limits=limits, headers=headers) as client:
+        before = _rss_kib(pid)
+        opened = asyncio.Event()
+        started = 0
+
+        async def one() -> None:
+            nonlocal started
+            async with client.stream("POST", url + "/chat/completions", json=body) as r:
+                started += 1
+                if started == count:
+                    opened.set()
+                async for _ in r.aiter_raw():
+                    pass
+
+        tasks = [asyncio.create_task(one()) for _ in range(count)]
+        await asyncio.wait_for(opened.wait(), 60)
+        await asyncio.sleep(0.5)
+        during = _rss_kib(pid)
+        await asyncio.gather(*tasks)
+        return before, during
+
+
+def memory_report(url: str, pid: int, count: int = 200) -> str:
+    before, during = asyncio.run(_hold_streams(url, count, pid))
+    per = (during - before) / count
+    return (
+        f"Proxy RSS with {count} streams in flight: {before / 1024:.1f} MiB idle → "
+        f"{during / 1024:.1f} MiB ({per:.1f} KiB per in-flight stream)."
+    )

@@ -1,0 +1,91 @@
+"""Start the benchmark's servers as separate processes on free loopback ports, and stop them."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@contextmanager
+def process(
+    argv: Sequence[str], health_url: str, env: dict[str, str] | None = None, timeout: float = 60
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Run `argv` until `health_url` answers; terminate it on exit (bounded)."""
+    proc = subprocess.Popen(
+        list(argv),
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{argv[0]} exited with {proc.returncode}")
+            try:
+                if httpx.get(health_url, timeout=1).status_code < 500:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{argv} did not become healthy")
+            time.sleep(0.05)
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+@contextmanager
+def fake_upstream() -> Iterator[str]:
+    port = free_port()
+    argv = [sys.executable, "-m", "bench.upstream", str(port)]
+    with process(argv, f"http://127.0.0.1:{port}/v1/models"):
+        yield f"http://127.0.0.1:{port}/v1"
+
+
+@contextmanager
+def proxy(upstream_url: str, extra_env: dict[str, str] | None = None) -> Iterator[str]:
+    with proxy_process(upstream_url, extra_env) as (url, _):
+        yield url
+
+
+@contextmanager
+def proxy_process(
+    upstream_url: str, extra_env: dict[str, str] | None = None
+) -> Iterator[tuple[str, int]]:
+    """A proxy process: (base URL, pid)."""
+    port = free_port()
+    argv = [
+        sys.executable,
+        "-m",
+        "app.cli",
+        "serve",
+        "--port",
+        str(port),
+        "--upstream",
+        upstream_url,
+        "--log-level",
+        "warning",
+    ]
+    env = {"INFLIGHT_DATABASE_URL": "sqlite:///:memory:", **(extra_env or {})}
+    with process(argv, f"http://127.0.0.1:{port}/healthz", env=env) as proc:
+        yield f"http://127.0.0.1:{port}/v1", proc.pid

@@ -1,0 +1,124 @@
+"""The command line: simulate (with --plot), count, stats, and serve's open-proxy guard."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.cli import main
+from app.usage import UsageRecord
+
+CONFIG = str(Path(__file__).resolve().parents[1] / "config")
+
+
+def small_trace(tmp_path: Path) -> Path:
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "agent"},
+        {"role": "user", "content": "go"},
+    ]
+    for i in range(30):
+        call = {"id": "c", "type": "function", "function": {"name": "bash", "arguments": "{}"}}
+        messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        messages.append({"role": "tool", "tool_call_id": "c", "content": f"{i} " + "output " * 300})
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"model": "gpt-4o", "messages": messages}))
+    return path
+
+
+def test_simulate_prints_each_turn_and_plots(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = small_trace(tmp_path)
+    png = tmp_path / "out.png"
+    code = main(
+        ["simulate", str(trace), "--context-limit", "4096", "--config", CONFIG, "--plot", str(png)]
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    turn_lines = [line for line in out.splitlines() if re.match(r"\s+\d+\s+\d+\s+\d+", line)]
+    assert len(turn_lines) == 31  # the first user message, then after each of 30 tool rounds
+    assert "31 requests" in out
+    assert "compaction events" in out
+    assert any("trim" in line for line in turn_lines)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert png.stat().st_size > 5000
+
+
+def test_simulate_rejects_an_unknown_strategy(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["simulate", str(small_trace(tmp_path)), "--strategy", "shred"]) == 2
+    assert "unknown strategy" in capsys.readouterr().err
+
+
+def test_count(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    body = tmp_path / "body.json"
+    body.write_text(
+        json.dumps(
+            {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hello world"}]}
+        )
+    )
+    assert main(["count", str(body), "--config", CONFIG]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["model"] == "gpt-4o-mini"
+    assert result["exact"] is True
+    assert 8 <= result["prompt_tokens"] <= 12
+    assert result["context_limit"] == 128000
+
+
+def test_stats_from_the_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import anyio
+
+    from app.stores import open_store
+
+    url = f"sqlite:///{tmp_path / 'u.db'}"
+
+    async def write() -> None:
+        store = open_store(url)
+        await store.open()
+        await store.write_many(
+            [
+                UsageRecord(
+                    time.time(),
+                    "r",
+                    "chat",
+                    "gpt-4o",
+                    None,
+                    False,
+                    200,
+                    "completed",
+                    5.0,
+                    1.0,
+                    100,
+                    10,
+                    0,
+                    300,
+                    100,
+                    ("trim",),
+                    8192,
+                )
+            ]
+        )
+        await store.close()
+
+    anyio.run(write)
+    assert main(["stats", "--database-url", url]) == 0
+    out = capsys.readouterr().out
+    assert "requests                  1" in out
+    assert "gpt-4o" in out
+    assert "trim" in out
+
+
+def test_stats_unreachable_proxy(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["stats", "--url", "http://127.0.0.1:9"]) == 1
+    assert "cannot reach" in capsys.readouterr().err
+
+
+def test_serve_refuses_an_open_proxy(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--host", "0.0.0.0", "--port", "0"]) == 2
+    assert "INFLIGHT_API_KEYS" in capsys.readouterr().err

@@ -1,0 +1,143 @@
+"""End-to-end against a real llama.cpp server (../shared/local-llm), through a real proxy."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import openai
+import pytest
+
+from app.factory import create_app
+from tests.conftest import make_settings
+from tests.servers import serve
+
+LLM_URL = os.environ.get("INFLIGHT_TEST_LLM_URL")
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.llm,
+    pytest.mark.skipif(
+        not LLM_URL,
+        reason="INFLIGHT_TEST_LLM_URL is unset (start ../shared/local-llm/start.sh and export it)",
+    ),
+]
+MODEL = "qwen2.5-coder-0.5b-instruct"
+MESSAGES = [{"role": "user", "content": "Reply with the single word: pong"}]
+
+
+@pytest.fixture(scope="module")
+def proxy_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    assert LLM_URL is not None
+    tmp = tmp_path_factory.mktemp("llm")
+    app = create_app(make_settings(tmp, upstream_url=LLM_URL))
+    with serve(app) as url:
+        yield url + "/v1"
+
+
+@pytest.fixture
+def oai(proxy_url: str) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=proxy_url, api_key="none", timeout=110, max_retries=0) as c:
+        yield c
+
+
+def test_non_streaming_through_the_proxy(oai: openai.OpenAI) -> None:
+    result = oai.chat.completions.create(
+        model=MODEL,
+        messages=MESSAGES,
+        max_tokens=8,
+        temperature=0,  # type: ignore[arg-type]
+    )
+    assert result.choices[0].message.content
+    assert result.usage is not None
+    assert result.usage.prompt_tokens > 5
+
+
+def test_streaming_without_usage(oai: openai.OpenAI) -> None:
+    chunks = list(
+        oai.chat.completions.create(
+            model=MODEL,
+            messages=MESSAGES,
+            max_tokens=8,
+            temperature=0,
+            stream=True,  # type: ignore[arg-type]
+        )
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert all(c.usage is None for c in chunks)
+
+
+def test_streaming_with_usage(oai: openai.OpenAI) -> None:
+    chunks = list(
+        oai.chat.completions.create(
+            model=MODEL,
+            messages=MESSAGES,  # type: ignore[arg-type]
+            max_tokens=8,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.prompt_tokens > 5
+
+
+def test_models_passthrough(oai: openai.OpenAI) -> None:
+    assert MODEL in [m.id for m in oai.models.list()]
+
+
+def _long_conversation(turns: int) -> list[dict[str, str]]:
+    messages = [{"role": "system", "content": "You are a helpful assistant. Answer in one word."}]
+    for k in range(turns):
+        messages.append(
+            {
+                "role": "user",
+                "content": f"Note {k}: the build log line {k} says "
+                + " ".join(f"step{k}_{j} passed in {j}ms;" for j in range(25)),
+            }
+        )
+        messages.append({"role": "assistant", "content": f"Noted {k}."})
+    messages.append({"role": "user", "content": "Reply with the single word: done"})
+    return messages
+
+
+def test_conversation_over_the_window_fails_direct_but_works_through_the_proxy(
+    oai: openai.OpenAI,
+) -> None:
+    assert LLM_URL is not None
+    messages = _long_conversation(40)
+    direct = openai.OpenAI(base_url=LLM_URL, api_key="none", timeout=60, max_retries=0)
+    with direct, pytest.raises(openai.BadRequestError):
+        direct.chat.completions.create(model=MODEL, messages=messages, max_tokens=8)  # type: ignore[arg-type]
+    raw = oai.chat.completions.with_raw_response.create(
+        model=MODEL,
+        messages=messages,
+        max_tokens=8,
+        temperature=0,  # type: ignore[arg-type]
+    )
+    result = raw.parse()
+    assert result.choices[0].message.content is not None
+    assert raw.headers["x-compaction-applied"] != "none"
+    assert raw.headers["x-compaction-context-limit"] == "4096"
+    assert result.usage is not None
+    assert result.usage.prompt_tokens <= 4096
+
+
+def test_summarize_with_the_real_model(oai: openai.OpenAI) -> None:
+    """A summary written by the real model replaces the oldest turns (small window: fast)."""
+    messages = _long_conversation(8)
+    raw = oai.chat.completions.with_raw_response.create(
+        model=MODEL,
+        messages=messages,  # type: ignore[arg-type]
+        max_tokens=8,
+        temperature=0,
+        extra_headers={"X-Compaction-Strategy": "summarize", "X-Compaction-Context-Limit": "1200"},
+        timeout=110,
+    )
+    assert raw.parse().choices[0].message.content is not None
+    assert raw.headers["x-compaction-applied"] == "summarize", raw.headers.get(
+        "x-compaction-summary-fallback"
+    )
+    assert int(raw.headers["x-compaction-summary-calls"]) >= 1
+    assert int(raw.headers["x-compaction-tokens-after"]) < int(
+        raw.headers["x-compaction-tokens-before"]
+    )

@@ -1,0 +1,174 @@
+"""The seven invariants of DESIGN.md §4, for every strategy and `auto`, on generated
+conversations and on the real transcripts in ../shared/traces."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from app.compaction.engine import CompactionResult, compact
+from app.compaction.planner import plan
+from app.compaction.policy import Budget, StrategyName
+from app.compaction.truncate import truncate_message
+from app.messages import check_pair_safety, group_units, is_strict_alternation, pinned_head
+from tests.conversations import (
+    common_prefix,
+    conversations,
+    load_traces,
+    request_points,
+    simple_count,
+)
+
+PIPELINES: dict[str, tuple[StrategyName, ...]] = {
+    "truncate": ("truncate",),
+    "prune": ("prune",),
+    "trim": ("trim",),
+    "middle-out": ("middle-out",),
+    "summarize": ("summarize",),  # pure fallback: acts as trim without a summary text
+    "auto": ("truncate", "prune", "trim"),
+}
+WINDOWS = st.sampled_from([2048, 4096, 8192, 16384])
+TRACES = load_traces()
+
+
+def run(
+    messages: Sequence[Mapping[str, Any]], pipeline: tuple[StrategyName, ...], window: int
+) -> CompactionResult:
+    return compact(messages, pipeline, budget_for(window), simple_count, 0)
+
+
+def budget_for(window: int) -> Budget:
+    return Budget(window=window, reserve=window // 8, threshold=0.8, target=0.5)
+
+
+def check_all(
+    messages: list[dict[str, Any]], pipeline: tuple[StrategyName, ...], window: int
+) -> CompactionResult:
+    budget = budget_for(window)
+    result = run(messages, pipeline, window)
+    out = result.messages
+    units = group_units(messages)
+    head = pinned_head(messages, units)
+    head_end = units[head - 1].end if head else 0
+    # 1. pair safety
+    assert check_pair_safety(out) == []
+    # 2. pinned head kept (same objects), last unit kept (tool outputs may be truncated)
+    assert all(a is b for a, b in zip(out[:head_end], messages[:head_end], strict=True))
+    last = units[-1]
+    tail = messages[last.start : last.end]
+    assert (
+        out[len(out) - len(tail) :]
+        == [truncate_message(m, result.plan.cap) if m is not tail[0] else m for m in tail]
+        or out[len(out) - len(tail) :] == tail
+    )
+    # 3. no-op is exact
+    if result.tokens_before <= budget.trigger:
+        assert result.applied == ()
+        assert all(a is b for a, b in zip(out, messages, strict=True))
+    # 4. monotone and bounded
+    assert result.tokens_after <= result.tokens_before
+    assert result.tokens_after == sum(simple_count(m) for m in out)
+    if not result.over_budget:
+        assert result.tokens_after <= budget.budget
+    if "trim" in pipeline or "summarize" in pipeline:
+        floor = sum(simple_count(m) for m in messages[:head_end])
+        shrink = "truncate" in pipeline
+        floor += sum(
+            simple_count(truncate_message(m, result.plan.cap) if shrink else m) for m in tail
+        )
+        if is_strict_alternation(messages) and len(units) > head + 1:
+            floor += simple_count(messages[units[-2].start])
+        if floor <= budget.goal:
+            assert result.tokens_after <= budget.trigger
+            assert not result.over_budget
+    # 5. idempotent
+    again = compact(out, pipeline, budget, simple_count, 0)
+    assert again.applied == ()
+    assert again.messages == out
+    # 6. role order kept
+    if is_strict_alternation(messages):
+        assert is_strict_alternation(out)
+    return result
+
+
+def check_cache_stability(
+    messages: list[dict[str, Any]], pipeline: tuple[StrategyName, ...], window: int
+) -> None:
+    """7. successive requests extend the previous output except at events; events spaced."""
+    budget = budget_for(window)
+    previous: list[Any] | None = None
+    last_event_before: int | None = None
+    for k in request_points(messages):
+        result = run(messages[:k], pipeline, window)
+        out = result.messages
+        if previous is not None and common_prefix(previous, out) < len(previous):
+            # an event: the state changed. Events are spaced by (threshold - target) × budget.
+            if last_event_before is not None:
+                growth = result.tokens_before - last_event_before
+                assert growth >= (budget.threshold - budget.target) * budget.budget - 1
+            if result.tokens_after <= budget.goal:
+                last_event_before = result.tokens_before
+            else:
+                last_event_before = None  # unreachable target: no spacing promise
+        previous = out
+
+
+@pytest.mark.parametrize("name", list(PIPELINES))
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(messages=conversations(), window=WINDOWS)
+def test_invariants_on_generated_conversations(
+    name: str, messages: list[dict[str, Any]], window: int
+) -> None:
+    check_all(messages, PIPELINES[name], window)
+
+
+@pytest.mark.parametrize("name", list(PIPELINES))
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(messages=conversations(), window=WINDOWS)
+def test_cache_stability_on_generated_conversations(
+    name: str, messages: list[dict[str, Any]], window: int
+) -> None:
+    check_cache_stability(messages, PIPELINES[name], window)
+
+
+@pytest.mark.skipif(not TRACES, reason="../shared/traces is absent")
+@pytest.mark.parametrize("name", list(PIPELINES))
+@pytest.mark.parametrize("window", [8192, 16384, 32768])
+def test_invariants_on_real_transcripts(name: str, window: int) -> None:
+    for _, messages in TRACES:
+        for k in [*request_points(messages)[::7], len(messages)]:
+            check_all(messages[:k], PIPELINES[name], window)
+        check_cache_stability(messages, PIPELINES[name], window)
+
+
+def test_plan_is_shared_by_requests_with_a_common_history() -> None:
+    """Two requests that share a history prefix share the plan for it (no state anywhere)."""
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "go"}]
+    for i in range(60):
+        messages.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"id": "c", "type": "function", "function": {"name": "bash", "arguments": "{}"}}
+                ],
+            }
+        )
+        messages.append({"role": "tool", "tool_call_id": "c", "content": f"{i} " + "z" * 3000})
+    budget = budget_for(8192)
+    p1 = plan(messages[:80], ("truncate", "prune", "trim"), budget, simple_count, 0)
+    p2 = plan(messages[:80], ("truncate", "prune", "trim"), budget, simple_count, 0)
+    assert p1 == p2
+    assert p1.changed

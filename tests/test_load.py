@@ -1,0 +1,173 @@
+"""Usage under load through real servers: one record per request, token sums that match the
+upstream, client disconnects recorded, and nothing lost on SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+from app.factory import create_app
+from tests.conftest import make_settings
+from tests.fake_upstream import FakeUpstream
+from tests.servers import serve
+
+pytestmark = pytest.mark.e2e
+MESSAGES = [{"role": "user", "content": "hello"}]
+
+
+def rows(db: Path) -> list[tuple[Any, ...]]:
+    with sqlite3.connect(db) as conn:
+        return conn.execute(
+            "SELECT kind, stream, status, outcome, prompt_tokens, completion_tokens "
+            "FROM inflight_usage"
+        ).fetchall()
+
+
+@pytest.fixture
+def upstream(fake: FakeUpstream) -> Iterator[str]:
+    fake.reply_text = "one two three"
+    with serve(fake.app) as url:
+        yield url + "/v1"
+
+
+def test_one_record_per_request_under_load(tmp_path: Path, upstream: str) -> None:
+    db = tmp_path / "usage.db"
+    settings = make_settings(tmp_path, upstream_url=upstream, database_url=f"sqlite:///{db}")
+    plan = ["json", "stream", "stream_usage", "disconnect"] * 500  # 2,000 requests
+    outcomes: list[str] = []
+
+    async def one(client: httpx.AsyncClient, url: str, kind: str) -> None:
+        body: dict[str, Any] = {"model": "m", "messages": MESSAGES, "stream": kind != "json"}
+        if kind == "stream_usage":
+            body["stream_options"] = {"include_usage": True}
+        if kind == "disconnect":
+            body["x_test_hold"] = True
+            async with client.stream("POST", url, json=body) as r:
+                async for _ in r.aiter_raw():
+                    break  # hang up after the first chunk, while the upstream holds the rest
+            outcomes.append(kind)
+            return
+        response = await client.post(url, json=body)
+        assert response.status_code == 200
+        outcomes.append(kind)
+
+    async def run(base: str) -> None:
+        limiter = anyio.CapacityLimiter(32)
+        limits = httpx.Limits(max_connections=64)
+        async with httpx.AsyncClient(timeout=30, limits=limits) as client:
+
+            async def guarded(kind: str) -> None:
+                async with limiter:
+                    await one(client, base + "/v1/chat/completions", kind)
+
+            with anyio.fail_after(240):
+                async with anyio.create_task_group() as tg:
+                    for kind in plan:
+                        tg.start_soon(guarded, kind)
+
+    with serve(create_app(settings)) as base:
+        anyio.run(run, base)
+        # wait (bounded) for disconnected streams to finish recording
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            stats = httpx.get(base + "/stats", timeout=10).json()
+            if stats["requests"] + stats["usage_queue"]["depth"] >= len(plan):
+                break
+            time.sleep(0.1)
+    assert len(outcomes) == len(plan)
+    records = rows(db)
+    assert len(records) == len(plan)  # exactly one per request, after the flush at shutdown
+    completed = [r for r in records if r[3] == "completed"]
+    disconnected = [r for r in records if r[3] == "client_disconnected"]
+    assert len(disconnected) == plan.count("disconnect")
+    assert len(completed) == len(plan) - plan.count("disconnect")
+    # token sums equal what the upstream reported: 11 prompt tokens; 2 completion (JSON) or
+    # one per word (streams)
+    assert sum(r[4] for r in completed) == 11 * len(completed)
+    expected_completion = 2 * plan.count("json") + 3 * (
+        plan.count("stream") + plan.count("stream_usage")
+    )
+    assert sum(r[5] for r in completed) == expected_completion
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def test_sigterm_under_load_keeps_every_completed_record(tmp_path: Path, upstream: str) -> None:
+    db = tmp_path / "usage.db"
+    port = _free_port()
+    env = {
+        **os.environ,
+        "INFLIGHT_DATABASE_URL": f"sqlite:///{db}",
+        "INFLIGHT_CONFIG_DIR": str(Path(__file__).resolve().parents[1] / "config"),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--upstream", upstream,
+         "--log-level", "warning"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    completed = 0
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(base + "/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "proxy did not start"
+            time.sleep(0.05)
+
+        async def load() -> None:
+            nonlocal completed
+            sent = 0
+            async with httpx.AsyncClient(timeout=10) as client:
+
+                async def one(stream: bool) -> None:
+                    nonlocal completed
+                    body = {"model": "m", "messages": MESSAGES, "stream": stream}
+                    try:
+                        response = await client.post(base + "/v1/chat/completions", json=body)
+                    except httpx.HTTPError:
+                        return
+                    if response.status_code == 200 and (
+                        not stream or b"[DONE]" in response.content
+                    ):
+                        completed += 1
+
+                with anyio.fail_after(60):
+                    async with anyio.create_task_group() as tg:
+                        while sent < 600:
+                            tg.start_soon(one, sent % 2 == 0)
+                            sent += 1
+                            if sent == 300:
+                                proc.send_signal(signal.SIGTERM)
+                            await anyio.sleep(0.002)
+
+        anyio.run(load)
+        # uvicorn drains, runs the lifespan shutdown (flushing usage), then re-raises SIGTERM
+        assert proc.wait(30) in (0, -signal.SIGTERM)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    records = [r for r in rows(db) if r[3] == "completed"]
+    assert completed > 0
+    assert len(records) >= completed

@@ -1,0 +1,249 @@
+"""ASGI tier: status codes, errors, headers and non-streaming bodies through the proxy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+from fastapi import FastAPI
+
+from app.factory import create_app
+from tests.conftest import make_settings
+from tests.fake_upstream import FakeUpstream
+
+pytestmark = pytest.mark.anyio
+
+CHAT = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def assert_openai_error(response: httpx.Response, status: int, code: str | None = None) -> None:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["message"]
+    if code is not None:
+        assert error["code"] == code
+
+
+async def _app_with(tmp_path: Path, transport: httpx.AsyncBaseTransport, **kw: Any) -> FastAPI:
+    return create_app(make_settings(tmp_path, **kw), transport=transport)
+
+
+async def test_untouched_request_arrives_byte_identical(
+    client: httpx.AsyncClient, fake: FakeUpstream
+) -> None:
+    raw = b'{ "messages": [ {"role":"user","content":"hi \\u00e9 <|endoftext|>"} ],\n "model":"m", "x_unknown": {"keep": [1, 2.50]} }'
+    response = await client.post(
+        "/v1/chat/completions", content=raw, headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 200
+    assert fake.chat_requests[0].body == raw
+
+
+async def test_json_answer_relayed_with_status(client: httpx.AsyncClient) -> None:
+    response = await client.post("/v1/chat/completions", json=CHAT)
+    assert response.status_code == 200
+    assert response.json()["choices"][0]["message"]["content"] == "Hello there"
+
+
+async def test_bad_json_is_400(client: httpx.AsyncClient) -> None:
+    response = await client.post("/v1/chat/completions", content=b"{not json")
+    assert_openai_error(response, 400, "invalid_json")
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ([1, 2], None),
+        ({"messages": [{"role": "user", "content": "x"}]}, "model"),
+        ({"model": "m", "messages": []}, "messages"),
+        ({"model": "m", "messages": "hello"}, "messages"),
+        ({"model": "m", "messages": [{"content": "x"}]}, "messages[0].role"),
+        ({"model": "m", "messages": ["x"]}, "messages[0]"),
+        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": "yes"}, "stream"),
+    ],
+)
+async def test_bad_shape_is_400_naming_the_field(
+    client: httpx.AsyncClient, body: Any, param: str | None
+) -> None:
+    response = await client.post("/v1/chat/completions", content=orjson.dumps(body))
+    assert_openai_error(response, 400)
+    assert response.json()["error"]["param"] == param
+
+
+async def test_deep_nesting_is_400(client: httpx.AsyncClient) -> None:
+    deep: Any = "x"
+    for _ in range(200):
+        deep = [deep]
+    body = {"model": "m", "messages": [{"role": "user", "content": deep}]}
+    response = await client.post("/v1/chat/completions", content=orjson.dumps(body))
+    assert_openai_error(response, 400)
+
+
+async def test_missing_or_wrong_key_is_401_and_never_echoed(
+    tmp_path: Path, fake: FakeUpstream
+) -> None:
+    app = await _app_with(
+        tmp_path, httpx.ASGITransport(app=fake.app), api_keys="sk-proxy-1,sk-proxy-2"
+    )
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://p") as c:
+        missing = await c.post("/v1/chat/completions", json=CHAT)
+        wrong = await c.post(
+            "/v1/chat/completions", json=CHAT, headers={"authorization": "Bearer sk-guess"}
+        )
+        models = await c.get("/v1/models", headers={"authorization": "Bearer sk-guess"})
+        ok = await c.post(
+            "/v1/chat/completions", json=CHAT, headers={"authorization": "Bearer sk-proxy-2"}
+        )
+    assert_openai_error(missing, 401, "invalid_api_key")
+    assert_openai_error(wrong, 401, "invalid_api_key")
+    assert_openai_error(models, 401, "invalid_api_key")
+    assert "sk-guess" not in wrong.text
+    assert ok.status_code == 200
+    assert fake.chat_requests[-1].headers["authorization"] == "Bearer sk-proxy-2"
+
+
+async def test_upstream_key_replaces_client_authorization(
+    tmp_path: Path, fake: FakeUpstream
+) -> None:
+    app = await _app_with(
+        tmp_path, httpx.ASGITransport(app=fake.app), upstream_api_key="sk-upstream"
+    )
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://p") as c:
+        await c.post("/v1/chat/completions", json=CHAT, headers={"authorization": "Bearer sk-c"})
+        await c.get("/v1/models", headers={"authorization": "Bearer sk-c"})
+    assert len(fake.requests) >= 2
+    assert {r.headers["authorization"] for r in fake.requests} == {"Bearer sk-upstream"}
+
+
+async def test_body_over_limit_is_413_from_content_length(
+    tmp_path: Path, fake: FakeUpstream
+) -> None:
+    app = await _app_with(tmp_path, httpx.ASGITransport(app=fake.app), max_body_bytes=1000)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://p") as c:
+        big = {"model": "m", "messages": [{"role": "user", "content": "x" * 2000}]}
+        response = await c.post("/v1/chat/completions", json=big)
+        passthrough = await c.post("/v1/embeddings", content=b"x" * 5000)
+    assert_openai_error(response, 413, "payload_too_large")
+    assert_openai_error(passthrough, 413, "payload_too_large")
+    assert fake.requests == []
+
+
+async def test_body_over_limit_is_413_while_streaming_without_reading_it_all(
+    tmp_path: Path, fake: FakeUpstream
+) -> None:
+    app = await _app_with(tmp_path, httpx.ASGITransport(app=fake.app), max_body_bytes=1000)
+    pulled = 0
+
+    async def body() -> Any:  # no Content-Length: chunked upload
+        nonlocal pulled
+        for _ in range(1000):
+            pulled += 1
+            yield b"y" * 100
+
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://p") as c:
+        response = await c.post("/v1/chat/completions", content=body())
+    assert_openai_error(response, 413)
+    assert fake.requests == []
+
+
+async def test_unreachable_upstream_is_502(tmp_path: Path) -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+    app = await _app_with(tmp_path, httpx.MockTransport(refuse))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://p") as c:
+        chat = await c.post("/v1/chat/completions", json=CHAT)
+        models = await c.get("/v1/models")
+    assert_openai_error(chat, 502, "upstream_unavailable")
+    assert_openai_error(models, 502, "upstream_unavailable")
+
+
+async def test_broken_upstream_body_is_502(tmp_path: Path) -> None:
+    def reset(request: httpx.Request) -> httpx.Response:
+        raise httpx.RemoteProtocolError("peer closed connection", request=request)
+
+    app = await _app_with(tmp_path, httpx.MockTransport(reset))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://p") as c:
+        response = await c.post("/v1/chat/completions", json=CHAT)
+    assert_openai_error(response, 502)
+
+
+async def test_upstream_timeout_is_504(tmp_path: Path) -> None:
+    def stall(request: httpx.Request) -> httpx.Response:
+        raise httpx.ReadTimeout("timed out", request=request)
+
+    app = await _app_with(tmp_path, httpx.MockTransport(stall))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://p") as c:
+        chat = await c.post("/v1/chat/completions", json=CHAT)
+        other = await c.get("/v1/models")
+    assert_openai_error(chat, 504, "upstream_timeout")
+    assert_openai_error(other, 504, "upstream_timeout")
+
+
+@pytest.mark.parametrize("status", [400, 401, 404, 429, 500, 503])
+async def test_upstream_errors_relayed_verbatim(
+    client: httpx.AsyncClient, fake: FakeUpstream, status: int
+) -> None:
+    body = b'{"error": {"message": "nope", "type": "x", "code": "y"}, "extra": 1}'
+    fake.error = (status, body, {"retry-after": "7"})
+    for stream in (False, True):
+        response = await client.post("/v1/chat/completions", json={**CHAT, "stream": stream})
+        assert response.status_code == status
+        assert response.content == body
+        assert response.headers["retry-after"] == "7"
+
+
+async def test_passthrough_keeps_method_path_query_body(
+    client: httpx.AsyncClient, fake: FakeUpstream
+) -> None:
+    response = await client.post(
+        "/v1/embeddings?api-version=2024-01-01&x=%20y",
+        content=b'{"input": "abc", "model": "e"}',
+        headers={"x-custom": "1", "connection": "keep-alive, x-hop", "x-hop": "secret"},
+    )
+    assert response.status_code == 200
+    assert response.json() == {
+        "method": "POST",
+        "path": "/v1/embeddings",
+        "query": "api-version=2024-01-01&x=%20y",
+        "size": 30,
+    }
+    assert response.headers["x-upstream"] == "yes"
+    rec = fake.requests[-1]
+    assert rec.body == b'{"input": "abc", "model": "e"}'
+    assert rec.headers["x-custom"] == "1"
+    assert "x-hop" not in rec.headers
+    assert "connection" not in rec.headers or rec.headers["connection"] != "keep-alive, x-hop"
+    for method in ("GET", "DELETE", "PUT"):
+        r = await client.request(method, "/v1/files/abc")
+        assert r.json()["method"] == method
+
+
+async def test_compaction_headers_are_not_forwarded(
+    client: httpx.AsyncClient, fake: FakeUpstream
+) -> None:
+    await client.post("/v1/chat/completions", json=CHAT, headers={"x-compaction-strategy": "none"})
+    assert not any(k.startswith("x-compaction") for k in fake.chat_requests[0].headers)
+
+
+async def test_unknown_route_is_openai_shaped_404(client: httpx.AsyncClient) -> None:
+    assert_openai_error(await client.get("/nope"), 404)
+
+
+async def test_health_and_ready(client: httpx.AsyncClient) -> None:
+    assert (await client.get("/healthz")).json() == {"status": "ok"}
+    ready = await client.get("/readyz")
+    assert ready.status_code == 200
+
+
+async def test_not_ready_when_upstream_unreachable(tmp_path: Path) -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=request)
+
+    app = await _app_with(tmp_path, httpx.MockTransport(refuse))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://p") as c:
+        assert (await c.get("/readyz")).status_code == 503

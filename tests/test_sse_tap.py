@@ -1,0 +1,77 @@
+"""The SSE tap: usage and [DONE] read across arbitrary chunk boundaries; usage chunk cut."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app.sse_tap import SSETap
+
+CONTENT = b'data: {"id":"1","choices":[{"index":0,"delta":{"content":"hi"}}],"usage":null}\n\n'
+USAGE = (
+    b'data: {"id":"1","choices":[],"usage":{"prompt_tokens":12,"completion_tokens":3,'
+    b'"prompt_tokens_details":{"cached_tokens":4}}}\n\n'
+)
+DONE = b"data: [DONE]\n\n"
+STREAM = CONTENT + CONTENT + USAGE + DONE
+
+
+def _split(data: bytes, cuts: list[int]) -> list[bytes]:
+    points = sorted({c % (len(data) + 1) for c in cuts})
+    pieces, last = [], 0
+    for p in points:
+        pieces.append(data[last:p])
+        last = p
+    pieces.append(data[last:])
+    return [p for p in pieces if p]
+
+
+def _run(tap: SSETap, pieces: list[bytes]) -> bytes:
+    out = b"".join(tap.feed(p) for p in pieces)
+    return out + tap.flush()
+
+
+@settings(max_examples=300)
+@given(st.lists(st.integers(min_value=0, max_value=10_000), max_size=12))
+def test_observing_tap_is_byte_exact_and_reads_usage(cuts: list[int]) -> None:
+    tap = SSETap(strip_usage_chunk=False)
+    assert _run(tap, _split(STREAM, cuts)) == STREAM
+    assert tap.usage is not None
+    assert (tap.usage.prompt_tokens, tap.usage.completion_tokens, tap.usage.cached_tokens) == (
+        12,
+        3,
+        4,
+    )
+    assert tap.done
+
+
+@settings(max_examples=300)
+@given(st.lists(st.integers(min_value=0, max_value=10_000), max_size=12))
+def test_stripping_tap_cuts_only_the_usage_chunk(cuts: list[int]) -> None:
+    tap = SSETap(strip_usage_chunk=True)
+    assert _run(tap, _split(STREAM, cuts)) == CONTENT + CONTENT + DONE
+    assert tap.usage is not None
+    assert tap.usage.prompt_tokens == 12
+    assert tap.done
+
+
+def test_crlf_lines_and_usage_inside_a_content_chunk_are_kept() -> None:
+    final = b'data: {"choices":[{"index":0,"delta":{}}],"usage":{"prompt_tokens":5}}\r\n\r\n'
+    tap = SSETap(strip_usage_chunk=True)
+    assert _run(tap, [final, DONE]) == final + DONE
+    assert tap.usage is not None
+    assert tap.usage.prompt_tokens == 5
+
+
+def test_stripping_tap_holds_at_most_one_partial_line() -> None:
+    tap = SSETap(strip_usage_chunk=True)
+    assert tap.feed(CONTENT[:10]) == b""
+    assert tap.feed(CONTENT[10:]) == CONTENT
+    assert tap._partial == b""
+
+
+def test_error_event_is_seen() -> None:
+    tap = SSETap()
+    tap.feed(b'data: {"error": {"message": "overloaded"}}\n\n')
+    assert tap.error == {"message": "overloaded"}
+    assert not tap.done

@@ -1,0 +1,296 @@
+"""Token counting: exact against an independent o200k/cl100k reference, the heuristic,
+images, caching, calibration, and the model table's encoding seam."""
+
+from __future__ import annotations
+
+import base64
+import json
+import struct
+import zlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from app.encodings import EncodingSet, load_encodings
+from app.tokens import (
+    IMAGE_UNKNOWN_SIZE,
+    ChatTokenCounter,
+    heuristic_tokens,
+    image_tokens,
+)
+
+TRACES = Path(__file__).resolve().parents[1] / ".." / "shared" / "traces"
+
+
+@pytest.fixture(scope="module")
+def encodings(tmp_path_factory: pytest.TempPathFactory) -> EncodingSet:
+    return load_encodings(tmp_path_factory.mktemp("tiktoken"))
+
+
+@pytest.fixture
+def counter(encodings: EncodingSet) -> ChatTokenCounter:
+    return ChatTokenCounter(encodings)
+
+
+def reference_count(enc: Any, messages: list[dict[str, Any]]) -> int:
+    """OpenAI cookbook accounting, written independently of app.tokens."""
+    total = 3
+    for m in messages:
+        total += 3 + len(enc.encode_ordinary(m["role"]))
+        total += len(enc.encode_ordinary(m.get("content") or ""))
+        if "name" in m:
+            total += 1 + len(enc.encode_ordinary(m["name"]))
+        for call in m.get("tool_calls") or []:
+            total += 7  # framing of one call (app.tokens.PER_TOOL_CALL)
+            total += len(enc.encode_ordinary(call["function"]["name"]))
+            total += len(enc.encode_ordinary(call["function"]["arguments"]))
+        if m.get("tool_call_id"):
+            total += len(enc.encode_ordinary(m["tool_call_id"]))
+    return total
+
+
+@pytest.mark.parametrize(("model", "name"), [("gpt-4o", "o200k_base"), ("gpt-4", "cl100k_base")])
+def test_exact_count_matches_reference(
+    counter: ChatTokenCounter, encodings: EncodingSet, model: str, name: str
+) -> None:
+    messages = [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Hi <|endoftext|> there", "name": "bob"},
+        {"role": "assistant", "content": "Hello! 123456 ünïcödé 漢字"},
+    ]
+    assert counter.count_request(model, {"messages": messages}) == reference_count(
+        encodings.get(name), messages
+    )
+    assert counter.is_exact(model)
+    assert counter.encoding_name(model) == name
+    assert not counter.is_exact("llama-3")
+    assert counter.encoding_name("llama-3") is None
+
+
+@pytest.mark.skipif(not TRACES.is_dir(), reason="../shared/traces is absent")
+def test_real_transcripts_within_2_percent_of_exact_o200k(
+    counter: ChatTokenCounter, encodings: EncodingSet
+) -> None:
+    for path in sorted(TRACES.glob("*.json")):
+        messages = json.loads(path.read_text())["messages"]
+        ours = counter.count_request("gpt-4o", {"messages": messages})
+        ref = reference_count(encodings.get("o200k_base"), messages)
+        assert abs(ours - ref) / ref < 0.02, path.name
+
+
+@pytest.mark.skipif(not TRACES.is_dir(), reason="../shared/traces is absent")
+def test_heuristic_errs_high_on_real_transcripts(encodings: EncodingSet) -> None:
+    """Conservative: on the agent transcripts it never reads lower than o200k."""
+    enc = encodings.get("o200k_base")
+    for path in sorted(TRACES.glob("*.json")):
+        texts = [m.get("content") or "" for m in json.loads(path.read_text())["messages"]]
+        exact = sum(len(enc.encode_ordinary(t)) for t in texts)
+        estimate = sum(heuristic_tokens(t) for t in texts)
+        assert exact <= estimate <= 1.35 * exact, path.name
+
+
+def test_long_text_is_counted_in_pieces(counter: ChatTokenCounter, encodings: EncodingSet) -> None:
+    text = "line of text number 12345\n" * 20_000  # 520k chars: more than one piece
+    exact = len(encodings.get("o200k_base").encode_ordinary(text))
+    assert counter.count_text("gpt-4o", text) == exact
+
+
+def test_tools_reasoning_and_unknown_fields_count(counter: ChatTokenCounter) -> None:
+    base = {"role": "user", "content": "look"}
+    plain = counter.count_message("gpt-4o", base)
+    call = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "grep", "arguments": '{"q":1}'}}
+        ],
+    }
+    assert counter.count_message("gpt-4o", call) > 7
+    legacy = {
+        "role": "assistant",
+        "content": None,
+        "function_call": {"name": "f", "arguments": "{}"},
+    }
+    assert counter.count_message("gpt-4o", legacy) > 7
+    answer = {"role": "tool", "tool_call_id": "call_abcdef123456", "content": "ok"}
+    assert counter.count_message("gpt-4o", answer) > counter.count_message(
+        "gpt-4o", {"role": "tool", "content": "ok"}
+    )
+    for field in ("reasoning_content", "reasoning"):
+        thinking = {"role": "assistant", "content": "ok", field: "long thought " * 50}
+        assert counter.count_message("gpt-4o", thinking) > 100
+    blocks = {
+        "role": "assistant",
+        "content": [
+            {"type": "thinking", "thinking": "hmm " * 40, "signature": "x"},
+            {"type": "redacted_thinking", "data": "opaque" * 100},
+            {"type": "text", "text": "done"},
+        ],
+    }
+    assert 40 < counter.count_message("gpt-4o", blocks) < 100
+    unknown = {**base, "x_meta": {"trace": "abc " * 30}}
+    assert counter.count_message("gpt-4o", unknown) > plain + 30
+
+
+def test_fixed_part(counter: ChatTokenCounter) -> None:
+    assert counter.count_fixed("gpt-4o", {"messages": []}) == 3
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    assert counter.count_fixed("gpt-4o", {"tools": tools}) > 3 + 8
+    assert counter.count_fixed("gpt-4o", {"functions": [tools[0]["function"]]}) > 3 + 8
+    schema = {"type": "json_schema", "json_schema": {"name": "s", "schema": {"type": "object"}}}
+    assert counter.count_fixed("gpt-4o", {"response_format": schema}) > 3
+    choice = {"type": "function", "function": {"name": "f"}}
+    assert counter.count_fixed("gpt-4o", {"tool_choice": choice}) > 3
+    assert counter.count_fixed("gpt-4o", {"tool_choice": "auto"}) == 3
+    body = {"messages": [{"role": "user", "content": "hi"}], "tools": tools}
+    assert counter.count_request("gpt-4o", body) == counter.count_fixed(
+        "gpt-4o", body
+    ) + counter.count_message("gpt-4o", body["messages"][0])
+
+
+def _png(width: int, height: int) -> str:
+    header = b"\x89PNG\r\n\x1a\n" + struct.pack(">I", 13) + b"IHDR"
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    blob = header + ihdr + struct.pack(">I", zlib.crc32(b"IHDR" + ihdr))
+    return "data:image/png;base64," + base64.b64encode(blob).decode()
+
+
+def _jpeg(width: int, height: int) -> str:
+    app0 = b"\xff\xe0" + struct.pack(">H", 16) + b"JFIF\x00" + bytes(9)
+    sof = b"\xff\xc0" + struct.pack(">HBHHB", 11, 8, height, width, 1) + bytes(3)
+    return "data:image/jpeg;base64," + base64.b64encode(b"\xff\xd8" + app0 + sof).decode()
+
+
+def _gif(width: int, height: int) -> str:
+    blob = b"GIF89a" + struct.pack("<HH", width, height) + bytes(3)
+    return "data:image/gif;base64," + base64.b64encode(blob).decode()
+
+
+def _image(url: str, detail: str | None = None) -> dict[str, Any]:
+    image: dict[str, Any] = {"url": url}
+    if detail:
+        image["detail"] = detail
+    return {"type": "image_url", "image_url": image}
+
+
+@pytest.mark.parametrize(
+    ("part", "tokens"),
+    [
+        (_image("https://x/a.png", "low"), 85),
+        (_image(_png(4000, 4000), "low"), 85),
+        (_image(_png(1024, 1024), "high"), 765),  # OpenAI's worked example: 4 tiles
+        (_image(_png(2048, 4096)), 1105),  # → 1024×2048 → 768×1536: 2×3 tiles
+        (_image(_jpeg(512, 512)), 85 + 170),  # small images are not scaled up
+        (_image(_gif(100, 100), "auto"), 85 + 170),
+        (_image("https://x/a.png"), 85 + 170 * 6),  # unknown size: a 1920×1080 screenshot
+        (_image("data:image/png;base64,!!!notbase64"), 1105),
+    ],
+)
+def test_image_tokens(part: dict[str, Any], tokens: int) -> None:
+    assert image_tokens(part, "gpt-4o") == tokens
+    assert IMAGE_UNKNOWN_SIZE == (1920, 1080)
+
+
+def test_image_parts_in_messages(counter: ChatTokenCounter) -> None:
+    def message(detail: str) -> dict[str, Any]:
+        return {"role": "user", "content": [{"type": "text", "text": "see"}, _image("u", detail)]}
+
+    low, high = (
+        counter.count_message("gpt-4o", message("low")),
+        counter.count_message("gpt-4o", message("high")),
+    )
+    assert low < high
+    assert counter.count_message("gpt-4o-mini", message("low")) > 2833  # mini's image rate
+    audio = {"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "A" * 9}}]}
+    assert counter.count_message("gpt-4o", audio) >= 1000
+
+
+def test_heuristic_by_script(encodings: EncodingSet) -> None:
+    enc = encodings.get("o200k_base")
+    for text in (
+        "The quick brown fox jumps over the lazy dog. " * 20,
+        "def f(x: int) -> int:\n    return x * 2  # double\n" * 20,
+        '{"id": 12345, "items": [1, 2, 3], "name": "flight"}' * 10,
+        "Привет, как дела? Это тестовое сообщение на русском языке.",
+        "这是一个用于测试的中文句子，我们看看分词器的表现。",
+        "😀🎉 emoji party 🚀🚀",
+    ):
+        exact = len(enc.encode_ordinary(text))
+        assert 0.9 * exact <= heuristic_tokens(text) <= 2 * exact, text[:20]
+    assert heuristic_tokens("") == 0
+    assert heuristic_tokens("漢字漢字") >= 4
+
+
+@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.text(max_size=200), min_size=1, max_size=8), st.text(max_size=200))
+def test_adding_a_message_never_lowers_the_count_and_cache_agrees(
+    encodings: EncodingSet, texts: list[str], extra: str
+) -> None:
+    for model in ("gpt-4o", "llama-3.1-8b"):
+        counter = ChatTokenCounter(encodings)
+        messages = [{"role": "user", "content": t} for t in texts]
+        cold = counter.count_request(model, {"messages": messages})
+        warm = counter.count_request(model, {"messages": messages})
+        fresh = ChatTokenCounter(encodings, cache_size=1).count_request(
+            model, {"messages": messages}
+        )
+        grown = counter.count_request(
+            model, {"messages": [*messages, {"role": "assistant", "content": extra}]}
+        )
+        assert cold == warm == fresh
+        assert grown > cold
+
+
+def test_cache_is_bounded_and_per_instance(encodings: EncodingSet) -> None:
+    small = ChatTokenCounter(encodings, cache_size=2)
+    for i in range(5):
+        small.count_message("gpt-4o", {"role": "user", "content": f"message {i}"})
+    assert len(small._cache) == 2
+    assert len(ChatTokenCounter(encodings)._cache) == 0
+
+
+def test_calibration_converges_and_is_bounded(counter: ChatTokenCounter) -> None:
+    body = {"messages": [{"role": "user", "content": "word " * 400}]}
+    raw = counter.count_request("llama-3", body)
+    for _ in range(20):
+        counter.observe("llama-3", body, int(raw * 1.3))
+    assert abs(counter.count_request("llama-3", body) / (raw * 1.3) - 1) < 0.02
+    for _ in range(50):
+        counter.observe("llama-3", body, raw * 100)
+    assert counter.calibration_factors()["llama-3"] == 2.0
+    counter.observe("tiny", {"messages": [{"role": "user", "content": "x"}]}, 1000)
+    assert "tiny" not in counter.calibration_factors()  # tiny prompts teach nothing
+
+
+def test_calibration_from_an_estimate(counter: ChatTokenCounter) -> None:
+    body = {"messages": [{"role": "user", "content": "word " * 400}]}
+    for _ in range(30):
+        estimate = counter.count_request("qwen3", body)
+        counter.observe("qwen3", estimate, 300)
+    assert abs(counter.count_request("qwen3", body) - 300) <= 3
+
+
+def test_exact_models_stay_near_one(counter: ChatTokenCounter) -> None:
+    body = {"messages": [{"role": "user", "content": "word " * 400}]}
+    for _ in range(20):
+        counter.observe("gpt-4o", body, 10)
+        counter.observe("gpt-4o", body, 100)
+    assert counter.calibration_factors().get("gpt-4o", 1.0) == 1.0
+    for _ in range(20):
+        counter.observe("gpt-4o", body, 100_000)
+    assert 1.09 <= counter.calibration_factors()["gpt-4o"] <= 1.1
+
+
+class _Table:
+    def encoding_for(self, model: str) -> str | None:
+        return "cl100k_base" if model.startswith("my-llama") else None
+
+
+def test_model_table_names_the_encoding(encodings: EncodingSet) -> None:
+    counter = ChatTokenCounter(encodings, _Table())
+    assert counter.encoding_name("my-llama-3") == "cl100k_base"
+    assert counter.encoding_name("gpt-4o") == "o200k_base"  # the built-in families still apply
+    assert counter.encoding_name("other") is None

@@ -1,0 +1,219 @@
+"""Usage: the write queue, the SQLite and (real) PostgreSQL stores, metrics and the stats view."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.metrics import Metrics
+from app.stats_view import bar, render_stats
+from app.stores import open_store
+from app.usage import UsageQueue, UsageRecord, UsageStore
+from tests.pg_server import postgres_url
+
+pytestmark = pytest.mark.anyio
+
+
+def record(i: int, **kw: Any) -> UsageRecord:
+    values: dict[str, Any] = {
+        "ts": time.time(), "request_id": f"r{i}", "kind": "chat", "model": f"m{i % 3}",
+        "client_key_id": "abc", "stream": i % 2 == 0, "status": 200, "outcome": "completed",
+        "latency_ms": 12.5, "ttfb_ms": 3.0, "prompt_tokens": 100 + i, "completion_tokens": 10,
+        "cached_tokens": 5, "tokens_before": 200 + i, "tokens_after": 100 + i,
+        "strategies": ("prune", "trim") if i % 4 == 0 else (), "context_limit": 8192,
+    }  # fmt: skip
+    values.update(kw)
+    return UsageRecord(**values)
+
+
+class FlakyStore:
+    """Slow, and failing every third write: the queue must retry and lose nothing."""
+
+    def __init__(self) -> None:
+        self.rows: list[UsageRecord] = []
+        self.calls = 0
+        self.gate = asyncio.Event()
+
+    async def open(self) -> None: ...
+
+    async def write_many(self, records: Sequence[UsageRecord]) -> None:
+        self.calls += 1
+        await self.gate.wait()
+        if self.calls % 3 == 0:
+            raise OSError("disk hiccup")
+        self.rows.extend(records)
+
+    async def totals(self) -> dict[str, Any]:
+        return {}
+
+    async def ping(self) -> bool:
+        return True
+
+    async def close(self) -> None: ...
+
+
+async def test_queue_never_blocks_and_loses_nothing() -> None:
+    store = FlakyStore()
+    queue = UsageQueue(store, max_batch=100, retry_delay=0.001)
+    await queue.start()
+    for i in range(3000):
+        queue.submit(record(i))  # the store is blocked on its gate: submit must not wait
+    assert queue.depth >= 2900
+    store.gate.set()
+    await queue.close()
+    assert sorted(r.request_id for r in store.rows) == sorted(f"r{i}" for i in range(3000))
+    assert queue.written == 3000
+    assert queue.failed == 0
+
+
+async def check_store(store: UsageStore) -> None:
+    await store.open()
+    await store.open()  # idempotent schema creation
+    try:
+        records = [record(i) for i in range(1000)]
+        records.append(
+            record(1000, kind="summary", strategies=("summarize",), tokens_before=0, tokens_after=0)
+        )
+        records.append(record(1001, status=502, outcome="upstream_error", prompt_tokens=None))
+        started = time.perf_counter()
+        await store.write_many(records)
+        elapsed = time.perf_counter() - started
+        totals = await store.totals()
+        chats = [r for r in records if r.kind == "chat"]
+        assert totals["requests"] == len(chats)
+        assert totals["summary_calls"] == 1
+        assert totals["tokens_in"] == sum(r.prompt_tokens or 0 for r in records)
+        assert totals["tokens_out"] == sum(r.completion_tokens or 0 for r in records)
+        assert totals["tokens_saved"] == sum(r.tokens_before - r.tokens_after for r in chats)
+        assert totals["by_status"] == {"200": 1000, "502": 1}
+        assert totals["by_outcome"] == {"completed": 1000, "upstream_error": 1}
+        assert totals["compactions"] == {"prune": 250, "trim": 250}
+        assert sum(m["requests"] for m in totals["models"].values()) == len(chats)
+        assert 0 < totals["models"]["m0"]["recent_window_share"] < 1
+        assert await store.ping()
+        assert elapsed < 30
+    finally:
+        await store.close()
+
+
+async def test_sqlite_store(tmp_path: Path) -> None:
+    await check_store(open_store(f"sqlite:///{tmp_path / 'usage.db'}"))
+
+
+@pytest.fixture(scope="module")
+def pg() -> Iterator[str]:
+    with postgres_url() as url:
+        yield url
+
+
+@pytest.mark.postgres
+async def test_postgres_store(pg: str) -> None:
+    import psycopg
+
+    async with await psycopg.AsyncConnection.connect(pg, autocommit=True) as conn:
+        await conn.execute("DROP TABLE IF EXISTS inflight_usage, inflight_schema")
+    await check_store(open_store(pg))
+
+
+@pytest.mark.postgres
+async def test_two_postgres_writers_share_one_table(pg: str) -> None:
+    import psycopg
+
+    async with await psycopg.AsyncConnection.connect(pg, autocommit=True) as conn:
+        await conn.execute("DROP TABLE IF EXISTS inflight_usage, inflight_schema")
+    one, two = open_store(pg), open_store(pg)
+    await asyncio.gather(one.open(), two.open())
+    try:
+        await asyncio.gather(
+            one.write_many([record(i) for i in range(300)]),
+            two.write_many([record(i) for i in range(300, 500)]),
+        )
+        assert (await one.totals())["requests"] == 500
+        assert (await two.totals())["requests"] == 500
+    finally:
+        await one.close()
+        await two.close()
+
+
+def test_unknown_database_scheme_is_an_error() -> None:
+    with pytest.raises(ValueError, match="mysql"):
+        open_store("mysql://x")
+
+
+def test_metrics_render_the_series() -> None:
+    metrics = Metrics(lambda: 7, lambda: {"llama-3": 1.12})
+    metrics.observe(record(0))
+    metrics.observe(record(1, status=502, outcome="upstream_error"))
+    metrics.observe(record(2, kind="summary"))
+    text = metrics.render().decode()
+    for series in (
+        'inflight_requests_total{model="m0",status="200",stream="true"} 1.0',
+        'inflight_tokens_total{kind="prompt",model="m0"} 100.0',
+        'inflight_tokens_saved_total{model="m0"} 100.0',
+        'inflight_compactions_total{strategy="prune"} 1.0',
+        'inflight_upstream_errors_total{status="502"} 1.0',
+        'inflight_summary_calls_total{model="m2"} 1.0',
+        "inflight_usage_queue_depth 7.0",
+        'inflight_calibration_factor{model="llama-3"} 1.12',
+        "inflight_request_latency_seconds_bucket",
+        "inflight_ttfb_seconds_bucket",
+    ):
+        assert series in text, series
+
+
+def test_bar() -> None:
+    assert bar(0, 10, 8) == " " * 8
+    assert bar(10, 10, 8) == "█" * 8
+    assert bar(5, 10, 8) == "████    "
+    assert bar(1, 16, 2) == "▏ "
+    assert bar(1, 0, 3) == "   "
+
+
+def test_render_stats_is_exact() -> None:
+    stats = {
+        "requests": 10, "summary_calls": 1, "tokens_in": 3000, "tokens_out": 200,
+        "tokens_cached": 1000, "tokens_saved": 1000,
+        "models": {
+            "gpt-4o": {"requests": 6, "tokens_in": 2000, "recent_window_share": 0.5},
+            "llama": {"requests": 4, "tokens_in": 1000},
+        },
+        "compactions": {"trim": 4, "prune": 2},
+        "calibration": {"llama": 1.1},
+    }  # fmt: skip
+    text = render_stats(stats, width=60)
+    assert text.splitlines() == [
+        "inflight usage",
+        "=" * 60,
+        "requests                 10   summary calls 1",
+        "tokens in              3.0k   cached 1.0k",
+        "tokens out              200",
+        "saved (compact)        1.0k   ██▌        25%",
+        "",
+        "model                        requests  tokens in  share of tokens in",
+        "gpt-4o                              6       2.0k  ██████████",
+        "llama                               4       1.0k  █████     ",
+        "",
+        "window used by recent requests (after compaction)",
+        "  gpt-4o                     █████      50%",
+        "",
+        "compactions by strategy",
+        "  trim                       ██████████ 4",
+        "  prune                      █████      2",
+        "",
+        "token calibration factors",
+        "  llama                      ×1.100",
+    ]
+
+
+async def test_recording_can_be_turned_off() -> None:
+    store = open_store("none")
+    await store.open()
+    await store.write_many([record(1)])
+    assert (await store.totals())["requests"] == 0
+    assert await store.ping()
+    await store.close()

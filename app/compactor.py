@@ -7,6 +7,7 @@ original bytes can go upstream untouched, and writes the `X-Compaction-*` report
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -189,12 +190,15 @@ class CompactionService:
             chunk_tokens=max(256, window.tokens - 2 * reserved - PROMPT_OVERHEAD),
             count_text=lambda text: self._counter.count_text(summary_model, text),
         )
+        deadline = self._settings.summary_timeout
         try:
-            text = await self._summaries.summary_for(job)
-        except SummaryFailed as exc:
-            logger.warning("summary failed for %s, falling back to trim: %s", model, exc)
+            async with asyncio.timeout(deadline):
+                text = await self._summaries.summary_for(job)
+        except (SummaryFailed, TimeoutError) as exc:
+            why = str(exc) if isinstance(exc, SummaryFailed) else f"summary took over {deadline:g}s"
+            logger.warning("summary failed for %s, falling back to trim: %s", model, why)
             trimmed = tuple("trim" if s == "summarize" else s for s in pipeline)
-            return compact(messages, trimmed, budget, count, fixed), job.usage, str(exc)
+            return compact(messages, trimmed, budget, count, fixed), job.usage, why
         result = compact(
             messages, pipeline, budget, count, fixed,
             summary=text, summary_tokens=reserved, planned=the_plan,

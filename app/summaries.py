@@ -14,6 +14,8 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
+from app.summarizer import SummaryFailed
+
 logger = logging.getLogger(__name__)
 
 PREFIX = "inflight:summary:"
@@ -117,6 +119,11 @@ class SingleFlight:
         self._inflight[key] = future
         try:
             value = await self._compute_once(key, compute)
+        except asyncio.CancelledError:
+            # This caller's deadline ended the computation; callers sharing it fall back too.
+            future.set_exception(SummaryFailed("the shared summary call was abandoned"))
+            future.exception()
+            raise
         except BaseException as exc:
             future.set_exception(exc)
             future.exception()  # mark retrieved: waiters re-raise it, nobody else must

@@ -45,6 +45,10 @@ CALIBRATION_BOUNDS = (0.5, 2.0)  # heuristic-counted models
 EXACT_CALIBRATION_BOUNDS = (1.0, 1.1)  # tiktoken models: only hidden framing, never lower
 CALIBRATION_MIN_TOKENS = 64  # smaller prompts are mostly framing and teach nothing
 CALIBRATION_WEIGHT = 0.3
+# The factor applied to counts moves only when the running estimate drifts more than this share
+# away from it: plans depend on counts, so a factor that wandered with every response would move
+# compaction cuts between turns and defeat upstream prefix caching (DESIGN.md §4.7).
+CALIBRATION_DEADBAND = 0.02
 LONG_TEXT = 200_000  # longer texts are encoded in pieces (BPE cost grows faster than linear)
 
 # The heuristic, by script. Weights were fitted by least squares on the agent transcripts in
@@ -206,7 +210,8 @@ class ChatTokenCounter:
         self._table = model_table
         self._cache: OrderedDict[bytes, int] = OrderedDict()
         self._cache_size = cache_size
-        self._factors: dict[str, float] = {}
+        self._factors: dict[str, float] = {}  # applied to counts; moves in steps
+        self._running: dict[str, float] = {}  # the running estimate behind each factor
         self._families: dict[str, str | None] = {}
         self._lock = threading.Lock()
 
@@ -401,12 +406,18 @@ class ChatTokenCounter:
         low, high = EXACT_CALIBRATION_BOUNDS if self.is_exact(model) else CALIBRATION_BOUNDS
         ratio = min(high, max(low, actual / raw))
         with self._lock:
-            previous = self._factors.get(model)
-            if previous is None and len(self._factors) >= _MODEL_MEMO_SIZE:
+            previous = self._running.get(model)
+            if previous is None and len(self._running) >= _MODEL_MEMO_SIZE:
                 return  # bounded: client-chosen model names must not grow this without end
             step = 0.0 if previous is None else CALIBRATION_WEIGHT * (ratio - previous)
-            updated = ratio if previous is None else previous + step
-            self._factors[model] = min(high, max(low, updated))
+            running = min(high, max(low, ratio if previous is None else previous + step))
+            self._running[model] = running
+            applied = self._factors.get(model, 1.0)
+            bound = next((b for b in (low, high) if abs(running - b) < 1e-3), None)
+            if bound is not None:
+                self._factors[model] = bound
+            elif abs(running - applied) > CALIBRATION_DEADBAND * applied:
+                self._factors[model] = round(running, 3)
 
     def calibration_factors(self) -> dict[str, float]:
         """The per-model correction factors learned so far (for /stats and /metrics)."""

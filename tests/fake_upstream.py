@@ -118,7 +118,8 @@ class FakeUpstream:
         self.max_prompt_seen = 0
         self.summary_calls = 0
         self.summary_reply: str | None = None
-        self.summary_failure: str | None = None  # "status", "garbage", "empty", "stall"
+        self.summary_failure: str | None = None  # "status", "garbage", "empty", "stall", "slow"
+        self.summary_pause = 0.3
         self.summary_requests: list[dict[str, Any]] = []
         self.unstall = threading.Event()
         self.app = Starlette(
@@ -181,6 +182,8 @@ class FakeUpstream:
                 return Response(b"<html>not json", media_type="text/html")
             if self.summary_failure == "empty":
                 return JSONResponse(completion(model, "   ", 10))
+            if self.summary_failure == "slow":  # each call answers, but takes a while
+                await anyio.sleep(self.summary_pause)
             if self.summary_failure == "stall":
                 deadline = time.monotonic() + 30
                 while time.monotonic() < deadline and not self.unstall.is_set():  # noqa: ASYNC110

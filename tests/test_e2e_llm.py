@@ -29,7 +29,9 @@ MESSAGES = [{"role": "user", "content": "Reply with the single word: pong"}]
 def proxy_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     assert LLM_URL is not None
     tmp = tmp_path_factory.mktemp("llm")
-    app = create_app(make_settings(tmp, upstream_url=LLM_URL))
+    # ~100 prompt tokens/s on 2 cores: a cold summary of a long conversation takes minutes, so
+    # the summary deadline is what keeps `auto` answering in time (it falls back to trim).
+    app = create_app(make_settings(tmp, upstream_url=LLM_URL, summary_timeout=60))
     with serve(app) as url:
         yield url + "/v1"
 

@@ -133,6 +133,25 @@ async def test_summariser_failure_falls_back_to_trim(
     assert fake.rejected == []
 
 
+async def test_summary_timeout_bounds_the_whole_chain_not_each_call(
+    tmp_path: Path, fake: FakeUpstream
+) -> None:
+    """Each summary call answers within the timeout, but a cold rolling chain needs several:
+    the deadline covers them all, and the request still succeeds via trim."""
+    fake.context_window = 8192
+    fake.enforce_pairs = True
+    fake.summary_failure = "slow"
+    fake.summary_pause = 0.3
+    app, client = await open_client(make_settings(tmp_path, summary_timeout=0.5), fake)
+    async with app.router.lifespan_context(app), client:
+        response = await send(client, agent_log(60))
+    assert response.status_code == 200
+    assert fake.summary_calls >= 2  # the first call finished inside the deadline
+    assert response.headers["x-compaction-applied"].endswith("trim")
+    assert "took over 0.5s" in response.headers["x-compaction-summary-fallback"]
+    assert fake.rejected == []
+
+
 async def test_summary_model_header_and_transcript_is_data(
     proxy: httpx.AsyncClient, fake: FakeUpstream
 ) -> None:

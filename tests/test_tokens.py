@@ -294,3 +294,17 @@ def test_model_table_names_the_encoding(encodings: EncodingSet) -> None:
     assert counter.encoding_name("my-llama-3") == "cl100k_base"
     assert counter.encoding_name("gpt-4o") == "o200k_base"  # the built-in families still apply
     assert counter.encoding_name("other") is None
+
+
+def test_calibration_moves_in_steps_so_plans_stay_put(counter: ChatTokenCounter) -> None:
+    """Small response-to-response noise must not change counts (and so compaction cuts)."""
+    body = {"messages": [{"role": "user", "content": "word " * 400}]}
+    raw = counter.count_request("qwen3", body)
+    counter.observe("qwen3", body, int(raw * 1.2))
+    settled = counter.count_request("qwen3", body)
+    for k in range(40):
+        counter.observe("qwen3", body, int(raw * (1.2 + (0.01 if k % 2 else -0.01))))
+        assert counter.count_request("qwen3", body) == settled
+    for _ in range(10):
+        counter.observe("qwen3", body, int(raw * 1.3))
+    assert abs(counter.count_request("qwen3", body) / (raw * 1.3) - 1) < 0.03

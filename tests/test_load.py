@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ import pytest
 
 from app.factory import create_app
 from tests.conftest import make_settings
-from tests.fake_upstream import FakeUpstream
+from tests.fake_upstream import FakeUpstream, Pacing
 from tests.servers import serve
 
 pytestmark = pytest.mark.e2e
@@ -109,21 +110,21 @@ def _free_port() -> int:
         return port
 
 
-def test_sigterm_under_load_keeps_every_completed_record(tmp_path: Path, upstream: str) -> None:
-    db = tmp_path / "usage.db"
+@contextmanager
+def proxy_process(tmp_path: Path, upstream: str) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """`inflight serve` in its own process (SIGTERM, RSS), usage in `tmp_path/usage.db`."""
     port = _free_port()
     env = {
         **os.environ,
-        "INFLIGHT_DATABASE_URL": f"sqlite:///{db}",
+        "INFLIGHT_DATABASE_URL": f"sqlite:///{tmp_path / 'usage.db'}",
         "INFLIGHT_CONFIG_DIR": str(Path(__file__).resolve().parents[1] / "config"),
     }
     proc = subprocess.Popen(
         [sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--upstream", upstream,
-         "--log-level", "warning"],
+         "--log-level", "warning", "--graceful-timeout", "20"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
-    completed = 0
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -133,7 +134,19 @@ def test_sigterm_under_load_keeps_every_completed_record(tmp_path: Path, upstrea
             except httpx.HTTPError:
                 pass
             assert time.monotonic() < deadline, "proxy did not start"
+            assert proc.poll() is None, "proxy exited at startup"
             time.sleep(0.05)
+        yield proc, base
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def test_sigterm_under_load_keeps_every_completed_record(tmp_path: Path, upstream: str) -> None:
+    db = tmp_path / "usage.db"
+    completed = 0
+    with proxy_process(tmp_path, upstream) as (proc, base):
 
         async def load() -> None:
             nonlocal completed
@@ -164,10 +177,79 @@ def test_sigterm_under_load_keeps_every_completed_record(tmp_path: Path, upstrea
         anyio.run(load)
         # uvicorn drains, runs the lifespan shutdown (flushing usage), then re-raises SIGTERM
         assert proc.wait(30) in (0, -signal.SIGTERM)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
     records = [r for r in rows(db) if r[3] == "completed"]
     assert completed > 0
     assert len(records) >= completed
+
+
+def test_sigterm_lets_an_in_flight_stream_finish(
+    tmp_path: Path, fake: FakeUpstream, upstream: str
+) -> None:
+    """Graceful shutdown: new connections are refused, the stream in flight completes within
+    the grace period, and its usage is flushed before the process exits."""
+    fake.pacing = pacing = Pacing()
+    body = {"model": "m", "messages": MESSAGES, "stream": True}
+    with proxy_process(tmp_path, upstream) as (proc, base):
+        received: list[bytes] = []
+        with (
+            httpx.Client(timeout=30) as client,
+            client.stream("POST", base + "/v1/chat/completions", json=body) as response,
+        ):
+            chunks = response.iter_raw()
+            received.append(next(chunks))  # the upstream now holds the rest of the stream
+            assert pacing.first_sent.wait(10)
+            proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + 10
+            while True:  # the listening socket closes: a new connection is refused
+                try:
+                    httpx.get(base + "/healthz", timeout=1)
+                except httpx.ConnectError:
+                    break
+                assert time.monotonic() < deadline, "still accepting after SIGTERM"
+                time.sleep(0.05)
+            assert proc.poll() is None  # still draining the stream in flight
+            pacing.release.set()
+            received.extend(chunks)
+        assert b"data: [DONE]" in b"".join(received)
+        assert proc.wait(30) in (0, -signal.SIGTERM)
+    assert [(r[1], r[3], r[5]) for r in rows(tmp_path / "usage.db")] == [(1, "completed", 3)]
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def test_hundreds_of_concurrent_streams_keep_memory_flat(tmp_path: Path, upstream: str) -> None:
+    """Waves of 300 concurrent streaming clients: no errors, and the proxy's resident memory
+    after the last wave is within a few MiB of where it was after the first."""
+    clients, waves = 300, 4
+    body = {"model": "m", "messages": MESSAGES, "stream": True}
+    with proxy_process(tmp_path, upstream) as (proc, base):
+        rss: list[int] = []
+
+        async def wave() -> list[bool]:
+            results: list[bool] = []
+            limits = httpx.Limits(max_connections=clients, max_keepalive_connections=0)
+            async with httpx.AsyncClient(timeout=60, limits=limits) as client:
+
+                async def one() -> None:
+                    response = await client.post(base + "/v1/chat/completions", json=body)
+                    results.append(
+                        response.status_code == 200 and response.text.endswith("data: [DONE]\n\n")
+                    )
+
+                with anyio.fail_after(120):
+                    async with anyio.create_task_group() as tg:
+                        for _ in range(clients):
+                            tg.start_soon(one)
+            return results
+
+        for _ in range(waves):
+            results = anyio.run(wave)
+            assert len(results) == clients and all(results)
+            rss.append(_rss_kib(proc.pid))
+    growth = rss[-1] - rss[0]
+    assert growth < 8 * 1024, f"RSS grew {growth} KiB over {waves - 1} waves: {rss}"

@@ -3,18 +3,19 @@ conversations and on the real transcripts in ../shared/traces."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.compaction.engine import CompactionResult, compact
+from app.compaction.engine import SUMMARY_PREFIX, CompactionResult, compact
 from app.compaction.planner import plan
 from app.compaction.policy import Budget, StrategyName
 from app.compaction.truncate import truncate_message
 from app.messages import check_pair_safety, group_units, is_strict_alternation, pinned_head
+from app.summarize import summary_budget
 from tests.conversations import (
     common_prefix,
     conversations,
@@ -96,14 +97,17 @@ def check_all(
 
 
 def check_cache_stability(
-    messages: list[dict[str, Any]], pipeline: tuple[StrategyName, ...], window: int
+    messages: list[dict[str, Any]],
+    pipeline: tuple[StrategyName, ...],
+    window: int,
+    runner: Callable[..., CompactionResult] = run,
 ) -> None:
     """7. successive requests extend the previous output except at events; events spaced."""
     budget = budget_for(window)
     previous: list[Any] | None = None
     last_event_before: int | None = None
     for k in request_points(messages):
-        result = run(messages[:k], pipeline, window)
+        result = runner(messages[:k], pipeline, window)
         out = result.messages
         if previous is not None and common_prefix(previous, out) < len(previous):
             # an event: the state changed. Events are spaced by (threshold - target) × budget.
@@ -172,3 +176,84 @@ def test_plan_is_shared_by_requests_with_a_common_history() -> None:
     p2 = plan(messages[:80], ("truncate", "prune", "trim"), budget, simple_count, 0)
     assert p1 == p2
     assert p1.changed
+
+
+SUMMARIZE: tuple[StrategyName, ...] = ("truncate", "prune", "summarize")
+
+
+def summarized(messages: Sequence[Mapping[str, Any]], window: int) -> CompactionResult:
+    """`summarize` with a summary text, as the compaction service runs it: plan with the
+    summary's reserved size, then put a summary that depends only on the cut span in place."""
+    budget = budget_for(window)
+    reserved = summary_budget(budget.goal)
+    the_plan = plan(messages, SUMMARIZE, budget, simple_count, 0, reserved)
+    if not the_plan.summarize:
+        return compact(
+            messages, SUMMARIZE, budget, simple_count, 0,
+            summary="", summary_tokens=reserved, planned=the_plan,
+        )  # fmt: skip
+    span_end = the_plan.units[the_plan.cut - 1].end
+    text = f"summary of messages up to {span_end}: " + "fact " * (reserved // 2)
+    return compact(
+        messages, SUMMARIZE, budget, simple_count, 0,
+        summary=text, summary_tokens=reserved, planned=the_plan,
+    )  # fmt: skip
+
+
+def check_summarized(messages: list[dict[str, Any]], window: int) -> None:
+    budget = budget_for(window)
+    result = summarized(messages, window)
+    out = result.messages
+    units = group_units(messages)
+    head_end = units[pinned_head(messages, units) - 1].end
+    assert check_pair_safety(out) == []  # 1
+    assert all(a is b for a, b in zip(out[:head_end], messages[:head_end], strict=True))  # 2
+    last = messages[units[-1].start : units[-1].end]
+    assert [m.get("role") for m in out[-len(last) :]] == [m.get("role") for m in last]
+    if result.tokens_before <= budget.trigger:  # 3
+        assert result.applied == ()
+    assert result.tokens_after <= result.tokens_before  # 4
+    if not result.over_budget:
+        assert result.tokens_after <= budget.budget
+    if "summarize" in result.applied:
+        assert out[head_end]["content"].startswith(SUMMARY_PREFIX)
+    again = summarized(out, window)  # 5
+    assert again.applied == ()
+    assert again.messages == out
+    if is_strict_alternation(messages):  # 6: the summary's role keeps the alternation
+        assert is_strict_alternation(out)
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(messages=conversations(), window=WINDOWS)
+def test_summarize_with_a_summary_keeps_the_invariants(
+    messages: list[dict[str, Any]], window: int
+) -> None:
+    check_summarized(messages, window)
+
+
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(messages=conversations(), window=WINDOWS)
+def test_summarize_with_a_summary_is_cache_stable(
+    messages: list[dict[str, Any]], window: int
+) -> None:
+    """7. between events, each forwarded prompt extends the previous one, summary included;
+    events are spaced by (threshold − target) × budget of growth."""
+    check_cache_stability(messages, SUMMARIZE, window, lambda m, _, w: summarized(m, w))
+
+
+@pytest.mark.skipif(not TRACES, reason="../shared/traces is absent")
+@pytest.mark.parametrize("window", [8192, 16384, 32768])
+def test_summarize_with_a_summary_on_real_transcripts(window: int) -> None:
+    for _, messages in TRACES:
+        for k in [*request_points(messages)[::7], len(messages)]:
+            check_summarized(messages[:k], window)
+        check_cache_stability(messages, SUMMARIZE, window, lambda m, _, w: summarized(m, w))

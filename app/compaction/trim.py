@@ -35,4 +35,6 @@ def advance_cut(
             best_cut, best_total = position, candidate
             if candidate <= goal:
                 break
+    if best_total >= total:
+        return cut, total  # a summary would cost what it replaces: moving gains nothing
     return best_cut, best_total

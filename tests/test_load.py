@@ -249,7 +249,8 @@ def test_hundreds_of_concurrent_streams_keep_memory_flat(tmp_path: Path, upstrea
 
         for _ in range(waves):
             results = anyio.run(wave)
-            assert len(results) == clients and all(results)
+            assert len(results) == clients
+            assert all(results)
             rss.append(_rss_kib(proc.pid))
     growth = rss[-1] - rss[0]
     assert growth < 8 * 1024, f"RSS grew {growth} KiB over {waves - 1} waves: {rss}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -13,32 +14,41 @@ import httpx
 BODY = {"model": "bench", "messages": [{"role": "user", "content": "hello " * 50}]}
 
 
-async def _throughput(url: str, clients: int, total: int) -> float:
-    """Requests per second with `clients` concurrent clients (JSON answers)."""
+async def _throughput(url: str, clients: int, total: int) -> tuple[float, int]:
+    """Requests per second with `clients` concurrent clients (JSON answers), and failures."""
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
     headers = {"authorization": "Bearer sk-bench-key"}
+    failures = 0
     async with httpx.AsyncClient(timeout=60, limits=limits, headers=headers) as client:
         queue: asyncio.Queue[int] = asyncio.Queue()
         for i in range(total):
             queue.put_nowait(i)
 
         async def worker() -> None:
+            nonlocal failures
             while not queue.empty():
                 queue.get_nowait()
-                (await client.post(url + "/chat/completions", json=BODY)).raise_for_status()
+                try:
+                    (await client.post(url + "/chat/completions", json=BODY)).raise_for_status()
+                except httpx.HTTPError as exc:
+                    failures += 1
+                    print(f"  {url}: {exc!r}", file=sys.stderr)
 
         for _ in range(clients):  # warm-up connections
             await client.post(url + "/chat/completions", json=BODY)
         start = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(clients)))
-        return total / (time.perf_counter() - start)
+        return total / (time.perf_counter() - start), failures
 
 
 def throughput_report(targets: dict[str, str], clients: int = 64, total: int = 3000) -> str:
-    rates = {name: asyncio.run(_throughput(url, clients, total)) for name, url in targets.items()}
-    base = rates["direct"]
-    lines = ["| target | requests/s | vs direct |", "|---|---:|---:|"]
-    lines += [f"| {name} | {rate:.0f} | {rate / base:.2f}× |" for name, rate in rates.items()]
+    results = {name: asyncio.run(_throughput(url, clients, total)) for name, url in targets.items()}
+    base = results["direct"][0]
+    lines = ["| target | requests/s | vs direct | failed |", "|---|---:|---:|---:|"]
+    lines += [
+        f"| {name} | {rate:.0f} | {rate / base:.2f}× | {failed} |"
+        for name, (rate, failed) in results.items()
+    ]
     return f"{clients} concurrent clients, {total} JSON requests each target:\n\n" + "\n".join(
         lines
     )

@@ -48,14 +48,16 @@ class _MethodNotAllowed(BadRequest):
 
 
 async def _http_error_handler(request: Request, exc: Exception) -> Response:
-    """Starlette's own 404/405 in OpenAI's envelope too."""
+    """Starlette's own 404/405 in OpenAI's envelope too, keeping its headers (405's `Allow`)."""
     assert isinstance(exc, HTTPException)
     error: ProxyError = (
         _MethodNotAllowed(f"method {request.method} not allowed on {request.url.path}")
         if exc.status_code == 405
         else _NotFound(f"no route {request.method} {request.url.path}")
     )
-    return error.to_response()
+    response = error.to_response()
+    response.headers.update(exc.headers or {})
+    return response
 
 
 async def _unexpected_error_handler(request: Request, exc: Exception) -> Response:

@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 
+from app import openapi
 from app.state import ClientKey, State
 
 router = APIRouter()
@@ -17,7 +18,7 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz", response_model=None)
+@router.get("/readyz", response_model=None, openapi_extra=openapi.READYZ)
 async def readyz(state: State) -> JSONResponse:
     store = await state.store.ping()
     upstream = await state.upstream.reachable()
@@ -27,7 +28,7 @@ async def readyz(state: State) -> JSONResponse:
     )
 
 
-@router.get("/stats")
+@router.get("/stats", openapi_extra=openapi.STATS)
 async def stats(state: State, client: ClientKey) -> dict[str, Any]:
     totals = await state.store.totals()
     return {
@@ -45,6 +46,11 @@ async def stats(state: State, client: ClientKey) -> dict[str, Any]:
     }
 
 
-@router.get("/metrics", response_model=None)
+@router.get(
+    "/metrics",
+    response_model=None,
+    response_class=PlainTextResponse,
+    openapi_extra=openapi.METRICS,
+)
 async def metrics(state: State, client: ClientKey) -> Response:
     return Response(state.metrics.render(), media_type=state.metrics.content_type)

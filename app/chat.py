@@ -46,6 +46,7 @@ class Exchange:
     retried: bool = False
     request_headers: dict[str, str] = field(default_factory=dict)
     summary_usage: Any = None
+    summary_model: str | None = None
 
 
 class Compactor(Protocol):

@@ -54,6 +54,7 @@ class Preview:
     encoding: str | None
     summary_usage: SummaryUsage
     fallback: str | None
+    summary_model: str
 
 
 def report_headers(preview: Preview) -> dict[str, str]:
@@ -142,6 +143,7 @@ class CompactionService:
             self._counter.encoding_name(model),
             usage,
             fallback,
+            summary_model,
         )
 
     async def _compact(
@@ -233,6 +235,7 @@ class CompactionService:
         exchange.context_limit = preview.window
         exchange.strategies = tuple(result.applied)
         exchange.summary_usage = preview.summary_usage
+        exchange.summary_model = preview.summary_model
         exchange.headers.update(report_headers(preview))
 
     async def recover(self, exchange: Exchange, base_url: str, status: int, content: bytes) -> bool:

@@ -40,21 +40,22 @@ def records_for(exchange: Exchange) -> list[UsageRecord]:
         )
     ]
     summary = exchange.summary_usage
-    if isinstance(summary, SummaryUsage) and summary.calls:
+    calls = summary.each if isinstance(summary, SummaryUsage) else ()
+    for prompt_tokens, completion_tokens in calls:
         records.append(
             UsageRecord(
                 ts=now,
                 request_id=request_id,
                 kind="summary",
-                model=exchange.model,
+                model=exchange.summary_model or exchange.model,
                 client_key_id=exchange.client_key_id,
                 stream=False,
                 status=200,
                 outcome="completed",
                 latency_ms=0.0,
                 ttfb_ms=None,
-                prompt_tokens=summary.prompt_tokens,
-                completion_tokens=summary.completion_tokens,
+                prompt_tokens=prompt_tokens,
+                completion_tokens=completion_tokens,
                 cached_tokens=None,
                 tokens_before=0,
                 tokens_after=0,

@@ -143,12 +143,14 @@ class SummaryUsage:
     calls: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    each: tuple[tuple[int, int], ...] = ()  # (prompt, completion) tokens of every call, in order
 
     def __add__(self, other: SummaryUsage) -> SummaryUsage:
         return SummaryUsage(
             self.calls + other.calls,
             self.prompt_tokens + other.prompt_tokens,
             self.completion_tokens + other.completion_tokens,
+            self.each + other.each,
         )
 
 
@@ -171,6 +173,7 @@ def parse_summary(status: int, content: bytes, max_chars: int) -> tuple[str, Sum
         raise SummaryFailed(f"summariser returned {len(text)} chars, over the {max_chars} cap")
     usage = data.get("usage") if isinstance(data, dict) else None
     usage = usage if isinstance(usage, dict) else {}
-    return text.strip(), SummaryUsage(
-        1, int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+    prompt, completion = int(usage.get("prompt_tokens") or 0), int(
+        usage.get("completion_tokens") or 0
     )
+    return text.strip(), SummaryUsage(1, prompt, completion, ((prompt, completion),))

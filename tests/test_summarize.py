@@ -3,6 +3,7 @@ real Redis, chunking, and every summariser failure falling back to `trim`."""
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -150,6 +151,31 @@ async def test_summary_timeout_bounds_the_whole_chain_not_each_call(
     assert response.headers["x-compaction-applied"].endswith("trim")
     assert "took over 0.5s" in response.headers["x-compaction-summary-fallback"]
     assert fake.rejected == []
+
+
+async def test_every_summary_call_is_a_usage_record_of_the_summary_model(
+    tmp_path: Path, fake: FakeUpstream
+) -> None:
+    """A cold request whose rolling chain makes several calls: one `summary` record per call,
+    billed to the summary model, summing to what the response headers report."""
+    fake.context_window = 8192
+    app, client = await open_client(make_settings(tmp_path), fake)
+    async with app.router.lifespan_context(app), client:
+        response = await send(client, agent_log(60), **{"X-Compaction-Summary-Model": "small"})
+    assert response.headers["x-compaction-applied"].endswith("summarize")
+    calls = int(response.headers["x-compaction-summary-calls"])
+    assert calls == fake.summary_calls >= 2
+    with sqlite3.connect(tmp_path / "usage.db") as db:  # flushed when the lifespan ended
+        rows = db.execute(
+            "SELECT model, prompt_tokens, completion_tokens FROM inflight_usage "
+            "WHERE kind = 'summary'"
+        ).fetchall()
+    assert len(rows) == calls
+    assert {r[0] for r in rows} == {"small"}
+    assert sum(r[1] for r in rows) == int(response.headers["x-compaction-summary-prompt-tokens"])
+    assert sum(r[2] for r in rows) == int(
+        response.headers["x-compaction-summary-completion-tokens"]
+    )
 
 
 async def test_summary_model_header_and_transcript_is_data(

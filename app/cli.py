@@ -52,6 +52,9 @@ def _serve(args: argparse.Namespace) -> int:
         proxy_headers=args.proxy_headers,
         forwarded_allow_ips=args.forwarded_allow_ips,
         timeout_graceful_shutdown=args.graceful_timeout,
+        # Longer than any client pool keeps an idle connection (httpx and the openai SDK: 5 s),
+        # so a client never reuses a connection at the instant the proxy closes it.
+        timeout_keep_alive=75,
         log_level=args.log_level,
     )
     return 0

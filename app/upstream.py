@@ -34,6 +34,11 @@ HOP_BY_HOP = frozenset(
 _REQUEST_DROP = HOP_BY_HOP | {"host", "content-length"}
 _RESPONSE_DROP = HOP_BY_HOP | {"content-length", "date", "server"}
 
+# Idle pooled connections are dropped before the upstream would drop them: uvicorn (vLLM,
+# LiteLLM) and llama.cpp close idle keep-alive connections after 5 s, and reusing one at that
+# instant fails the request (a 502 to the client) though nothing was wrong with it.
+UPSTREAM_KEEPALIVE_EXPIRY = 2.0
+
 
 @dataclass(frozen=True, slots=True)
 class Route:
@@ -111,7 +116,11 @@ class Upstream:
                 write=settings.upstream_read_timeout,
                 pool=settings.upstream_connect_timeout,
             ),
-            limits=httpx.Limits(max_connections=1000, max_keepalive_connections=200),
+            limits=httpx.Limits(
+                max_connections=1000,
+                max_keepalive_connections=200,
+                keepalive_expiry=UPSTREAM_KEEPALIVE_EXPIRY,
+            ),
             follow_redirects=False,
             trust_env=False,
         )

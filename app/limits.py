@@ -31,6 +31,8 @@ logger = logging.getLogger(__name__)
 RESERVE_SHARE = 0.16
 RESERVE_MIN, RESERVE_MAX = 1024, 32768
 
+LOOKUP_MEMO_SIZE = 4096  # model names remembered by `ModelTable.lookup`
+
 
 class LimitSource(StrEnum):
     """Where a window came from (reported as `limit_source` and in usage records)."""
@@ -67,6 +69,7 @@ class ModelTable(BaseModel):
     fallback_max_output: int = Field(4096, gt=0)
     model: tuple[ModelEntry, ...] = ()
     _compiled: tuple[re.Pattern[str], ...] = PrivateAttr(default=())
+    _memo: dict[str, ModelEntry | None] = PrivateAttr(default_factory=dict)
 
     def model_post_init(self, context: Any, /) -> None:
         self._compiled = tuple(
@@ -93,12 +96,21 @@ class ModelTable(BaseModel):
     def lookup(self, model: str) -> ModelEntry | None:
         """The first entry whose pattern matches the lower-cased name, or the name without its
         `provider/` prefix."""
+        if model in self._memo:
+            return self._memo[model]
         name = model.lower()
         bare = bare_model(model)
-        for entry, pattern in zip(self.model, self._compiled, strict=True):
-            if pattern.match(name) or pattern.match(bare):
-                return entry
-        return None
+        found = next(
+            (
+                entry
+                for entry, pattern in zip(self.model, self._compiled, strict=True)
+                if pattern.match(name) or pattern.match(bare)
+            ),
+            None,
+        )
+        if len(self._memo) < LOOKUP_MEMO_SIZE:  # client-chosen names: bounded
+            self._memo[model] = found
+        return found
 
     def encoding_for(self, model: str) -> str | None:
         """The tiktoken encoding the table names for `model` (the counter's seam)."""

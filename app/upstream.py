@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
+from http.cookiejar import Cookie, CookieJar
 from typing import Any, Protocol
 
 import anyio
@@ -38,6 +39,18 @@ _RESPONSE_DROP = HOP_BY_HOP | {"content-length", "date", "server"}
 # LiteLLM) and llama.cpp close idle keep-alive connections after 5 s, and reusing one at that
 # instant fails the request (a 502 to the client) though nothing was wrong with it.
 UPSTREAM_KEEPALIVE_EXPIRY = 2.0
+
+
+class _NoCookieJar(CookieJar):
+    """One pooled client serves every client of the proxy: an upstream's `Set-Cookie` is
+    relayed to the client that got it and never stored, or it would be replayed upstream on
+    everyone else's requests."""
+
+    def extract_cookies(self, response: Any, request: Any) -> None:
+        return None
+
+    def set_cookie(self, cookie: Cookie) -> None:
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +136,7 @@ class Upstream:
             ),
             follow_redirects=False,
             trust_env=False,
+            cookies=_NoCookieJar(),
         )
 
     @property

@@ -192,3 +192,18 @@ async def test_nothing_in_a_request_changes_the_upstream(
         "/v1/chat/completions", json={**body, "compaction": {"upstream": "http://evil.test"}}
     )
     assert bad.status_code == 400
+
+
+async def test_an_upstream_cookie_goes_to_its_client_only(
+    client: httpx.AsyncClient, fake: FakeUpstream
+) -> None:
+    """The pooled upstream client is shared by every client: a `Set-Cookie` from upstream is
+    relayed to the client that got it and never replayed upstream for anyone else."""
+    first = await client.get("/v1/files")
+    assert first.headers["set-cookie"] == "a=1"
+    for path in ("/v1/other", "/v1/chat/completions"):
+        client.cookies.clear()  # another client, with no cookies of its own
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+        await client.post(path, json=body)
+        assert fake.requests[-1].path == path
+        assert "cookie" not in fake.requests[-1].headers

@@ -6,11 +6,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.compaction.engine import SUMMARY_PREFIX, CompactionResult, compact
+from app.compaction.engine import SUMMARY_PREFIX, CompactionResult, compact, summary_message
 from app.compaction.planner import plan
 from app.compaction.policy import Budget, StrategyName
 from app.compaction.truncate import truncate_message
@@ -193,7 +194,12 @@ def summarized(messages: Sequence[Mapping[str, Any]], window: int) -> Compaction
             summary="", summary_tokens=reserved, planned=the_plan,
         )  # fmt: skip
     span_end = the_plan.units[the_plan.cut - 1].end
-    text = f"summary of messages up to {span_end}: " + "fact " * (reserved // 2)
+    # A summary of exactly its reserved size (the summariser's max_tokens): a shorter one only
+    # makes prompts smaller, and the plan's spacing promise is stated for the reserved size.
+    text = f"summary of messages up to {span_end}: "
+    message = summary_message(the_plan, messages, text)
+    text += "f" * max(0, 4 * (reserved - 3) - len(orjson.dumps(message)))
+    assert simple_count(summary_message(the_plan, messages, text)) == reserved
     return compact(
         messages, SUMMARIZE, budget, simple_count, 0,
         summary=text, summary_tokens=reserved, planned=the_plan,

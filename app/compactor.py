@@ -197,6 +197,8 @@ class CompactionService:
             async with asyncio.timeout(deadline):
                 text = await self._summaries.summary_for(job)
         except (SummaryFailed, TimeoutError) as exc:
+            if isinstance(exc, TimeoutError):
+                self._summaries.mark_failed(job)
             why = str(exc) if isinstance(exc, SummaryFailed) else f"summary took over {deadline:g}s"
             logger.warning("summary failed for %s, falling back to trim: %s", model, why)
             trimmed = tuple("trim" if s == "summarize" else s for s in pipeline)

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,18 +76,54 @@ class SummaryJob:
     chunk_tokens: int
     count_text: TextCounter
     usage: SummaryUsage = field(default_factory=SummaryUsage)
+    key: str = ""  # the cache key of the summary this job is for (set by `summary_for`)
 
 
 class Summaries:
-    """Finds or makes the summary of a plan's cut span."""
+    """Finds or makes the summary of a plan's cut span.
 
-    def __init__(self, prompt: SummaryPrompt, flight: SingleFlight) -> None:
+    A span whose summary just failed (error, garbage, or over the request's deadline) is not
+    retried by every following request of the conversation — each would wait out the same
+    deadline before falling back — but only after `retry_after` seconds; until then requests
+    fall back to `trim` at once.
+    """
+
+    def __init__(
+        self,
+        prompt: SummaryPrompt,
+        flight: SingleFlight,
+        *,
+        retry_after: float = 600.0,
+        max_failures: int = 10_000,
+    ) -> None:
         self.prompt = prompt
         self._flight = flight
+        self._retry_after = retry_after
+        self._max_failures = max_failures
+        self._failed: OrderedDict[str, float] = OrderedDict()  # key -> when to retry
 
     async def summary_for(self, job: SummaryJob) -> str:
         keys = span_keys(job.messages, job.plan, job.model, self.prompt)
-        return await self._chain(job, keys, len(keys) - 1)
+        job.key = keys[-1][1]
+        retry = self._failed.get(job.key)
+        if retry is not None:
+            if time.monotonic() < retry:
+                raise SummaryFailed("the summary of this span failed recently; not retried yet")
+            del self._failed[job.key]
+        try:
+            return await self._chain(job, keys, len(keys) - 1)
+        except SummaryFailed:
+            self.mark_failed(job)
+            raise
+
+    def mark_failed(self, job: SummaryJob) -> None:
+        """Remember that `job`'s summary could not be made (also after its deadline)."""
+        if not job.key:
+            return
+        self._failed[job.key] = time.monotonic() + self._retry_after
+        self._failed.move_to_end(job.key)
+        while len(self._failed) > self._max_failures:
+            self._failed.popitem(last=False)
 
     async def _chain(self, job: SummaryJob, keys: list[tuple[int, str]], index: int) -> str:
         end, key = keys[index]

@@ -134,6 +134,33 @@ async def test_summariser_failure_falls_back_to_trim(
     assert fake.rejected == []
 
 
+@pytest.mark.parametrize("failure", ["status", "stall"])
+async def test_a_failed_span_is_not_retried_by_every_following_request(
+    tmp_path: Path, fake: FakeUpstream, failure: str
+) -> None:
+    """After a summary fails (an error, or the deadline), the next requests of the same
+    conversation fall back to trim at once instead of each paying for the same failure."""
+    fake.context_window = 8192
+    fake.summary_failure = failure
+    messages = agent_log(40)
+    app, client = await open_client(make_settings(tmp_path, summary_timeout=0.5), fake)
+    try:
+        async with app.router.lifespan_context(app), client:
+            first = await send(client, messages)
+            calls = fake.summary_calls
+            later = [await send(client, messages[:k]) for k in (len(messages), len(messages) - 2)]
+    finally:
+        fake.unstall.set()
+    assert calls >= 1
+    assert first.headers["x-compaction-applied"].endswith("trim")
+    for response in later:
+        assert response.status_code == 200
+        assert response.headers["x-compaction-applied"].endswith("trim")
+        assert "failed recently" in response.headers["x-compaction-summary-fallback"]
+    assert fake.summary_calls == calls  # nothing retried
+    assert fake.chat_requests[-2].json()["messages"] == fake.chat_requests[-3].json()["messages"]
+
+
 async def test_summary_timeout_bounds_the_whole_chain_not_each_call(
     tmp_path: Path, fake: FakeUpstream
 ) -> None:

@@ -1,8 +1,9 @@
 """`python -m bench`: the benchmark report, each figure measured side by side in one run.
 
 Sections: added latency (inflight and LiteLLM vs a direct call), token accuracy and counting
-cost, prefix reuse against re-trimming baselines, planning cost. The llama.cpp accuracy section
-runs when `INFLIGHT_TEST_LLM_URL` points at ../shared/local-llm.
+cost, prefix reuse against re-trimming baselines, planning cost. The llama.cpp sections (token
+accuracy, prompt-cache reuse, fact retention) run when `INFLIGHT_TEST_LLM_URL` points at
+../shared/local-llm.
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ import platform
 import tempfile
 from contextlib import ExitStack
 
-from bench import compaction, facts, latency, load, token_accuracy
+from bench import cache, compaction, facts, latency, load, token_accuracy
 from bench.litellm import ensure_installed, litellm_proxy
 from bench.procs import fake_upstream, proxy, proxy_process
 
-SECTIONS = ("latency", "load", "tokens", "compaction", "facts")
+SECTIONS = ("latency", "load", "tokens", "compaction", "cache", "facts")
 
 
 def main() -> None:
@@ -71,6 +72,9 @@ def main() -> None:
         print(compaction.planning_cost_report() + "\n")
         print(compaction.scaling_report() + "\n")
     llm = os.environ.get("INFLIGHT_TEST_LLM_URL")
+    if "cache" in only and llm:
+        print("## Prompt-cache reuse on a real server (llama.cpp)\n")
+        print(cache.report(llm) + "\n")
     if "facts" in only and llm:
         print("## Fact retention: summarize vs trim (real model)\n")
         print(facts.retention(llm) + "\n")

@@ -14,7 +14,7 @@ import platform
 import tempfile
 from contextlib import ExitStack
 
-from bench import cache, compaction, facts, latency, load, token_accuracy
+from bench import cache, compaction, facts, latency, load, overhead, token_accuracy
 from bench.litellm import ensure_installed, litellm_proxy
 from bench.procs import fake_upstream, proxy, proxy_process
 
@@ -39,6 +39,7 @@ def main() -> None:
             results = latency.measure(upstream, targets, n=args.n)
         print("## Added latency on loopback (fake upstream, 20-chunk streams)\n")
         print(latency.report(results) + "\n")
+        print(overhead.report() + "\n")
     if "load" in only:
         with ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
             upstream = stack.enter_context(fake_upstream())

@@ -16,7 +16,7 @@ from contextlib import ExitStack
 
 from bench import cache, compaction, facts, latency, load, overhead, token_accuracy
 from bench.litellm import ensure_installed, litellm_proxy
-from bench.procs import fake_upstream, proxy, proxy_process
+from bench.procs import bare_relay, fake_upstream, proxy, proxy_process
 
 SECTIONS = ("latency", "load", "tokens", "compaction", "cache", "facts")
 
@@ -33,7 +33,10 @@ def main() -> None:
         litellm = None if args.no_litellm else ensure_installed()
         with ExitStack() as stack:
             upstream = stack.enter_context(fake_upstream())
-            targets = {"inflight": stack.enter_context(proxy(upstream))}
+            targets = {
+                "bare relay (FastAPI + httpx)": stack.enter_context(bare_relay(upstream)),
+                "inflight": stack.enter_context(proxy(upstream)),
+            }
             if litellm is not None:
                 targets["litellm"] = stack.enter_context(litellm_proxy(upstream, litellm))
             results = latency.measure(upstream, targets, n=args.n)

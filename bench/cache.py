@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,9 +37,14 @@ TOPICS = [
 ]
 
 
-def conversation(turns: int) -> list[dict[str, Any]]:
+def conversation(turns: int, run: str) -> list[dict[str, Any]]:
+    """The chat; `run` opens the system prompt so no run (or earlier benchmark) shares a cached
+    prefix with another: llama.cpp also keeps earlier prompts in a host-memory cache."""
     messages: list[dict[str, Any]] = [
-        {"role": "system", "content": "You are a concise assistant for a data platform team."}
+        {
+            "role": "system",
+            "content": f"[{run}] You are a concise assistant for a data platform team.",
+        }
     ]
     for i in range(turns):
         topic = TOPICS[i % len(TOPICS)]
@@ -77,8 +83,7 @@ def _cached(data: dict[str, Any]) -> int:
 
 
 async def _run(llm_url: str, turns: int, window: int) -> dict[str, Tally]:
-    messages = conversation(turns)
-    points = [k for k in range(2, len(messages) + 1, 2)]  # after each user message
+    points = list(range(2, 2 * turns + 2, 2))  # after each user message
     counter = ChatTokenCounter(load_encodings())
     tallies: dict[str, Tally] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -103,6 +108,7 @@ async def _run(llm_url: str, turns: int, window: int) -> dict[str, Tally]:
             }
             for name, (client, strategy) in runs.items():
                 tally = tallies[name] = Tally()
+                messages = conversation(turns, f"run {uuid.uuid4().hex[:12]}")
                 # a throwaway prompt first, so no run starts with another run's cache
                 await direct.post(
                     "/chat/completions",

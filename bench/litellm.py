@@ -31,6 +31,7 @@ def ensure_installed() -> Path | None:
             [str(VENV / "bin" / "pip"), "install", "-q", "litellm[proxy]"],
             check=True,
             timeout=900,
+            stdout=subprocess.DEVNULL,  # keep the report clean; errors still reach stderr
         )
     except (subprocess.SubprocessError, OSError) as exc:
         print(f"(LiteLLM not available: {exc})", file=sys.stderr)

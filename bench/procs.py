@@ -89,3 +89,12 @@ def proxy_process(
     env = {"INFLIGHT_DATABASE_URL": "sqlite:///:memory:", **(extra_env or {})}
     with process(argv, f"http://127.0.0.1:{port}/healthz", env=env) as proc:
         yield f"http://127.0.0.1:{port}/v1", proc.pid
+
+
+@contextmanager
+def bare_relay(upstream_url: str) -> Iterator[str]:
+    """`bench.bare_relay`: the latency floor of a FastAPI + httpx relay."""
+    port = free_port()
+    argv = [sys.executable, "-m", "bench.bare_relay", str(port), upstream_url]
+    with process(argv, f"http://127.0.0.1:{port}/healthz"):
+        yield f"http://127.0.0.1:{port}/v1"

@@ -1,0 +1,54 @@
+"""The smallest streaming relay one can write on inflight's stack, as a latency floor.
+
+FastAPI in, one pooled `httpx.AsyncClient` out, bytes streamed through untouched: no auth,
+counting, compaction, headers or usage. Run: `python -m bench.bare_relay PORT UPSTREAM_URL`.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import AsyncIterator
+
+import httpx
+from fastapi import FastAPI, Request
+from starlette.background import BackgroundTask
+from starlette.responses import Response, StreamingResponse
+
+
+def create(upstream: str) -> FastAPI:
+    app = FastAPI()
+    client = httpx.AsyncClient(base_url=upstream, timeout=60)
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def relay(request: Request) -> Response:
+        sent = client.build_request(
+            "POST",
+            "/chat/completions",
+            content=await request.body(),
+            headers={"content-type": "application/json"},
+        )
+        answer = await client.send(sent, stream=True)
+
+        async def body() -> AsyncIterator[bytes]:
+            async for chunk in answer.aiter_raw():
+                yield chunk
+
+        return StreamingResponse(
+            body(),
+            status_code=answer.status_code,
+            media_type=answer.headers.get("content-type"),
+            background=BackgroundTask(answer.aclose),
+        )
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    return app
+
+
+if __name__ == "__main__":
+    import uvicorn
+
+    port, upstream = int(sys.argv[1]), sys.argv[2]
+    uvicorn.run(create(upstream), host="127.0.0.1", port=port, log_level="warning")

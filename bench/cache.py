@@ -10,21 +10,18 @@ calls are counted as processed too: their prompts are work the model does.
 
 from __future__ import annotations
 
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import anyio
 import httpx
 
 from app.encodings import load_encodings
-from app.factory import create_app
-from app.settings import Settings
 from app.tokens import ChatTokenCounter
 from bench.compaction import keep_newest
+from bench.procs import proxy_in_process
 
 MODEL = "qwen2.5-coder-0.5b-instruct"
 TOPICS = [
@@ -86,61 +83,44 @@ async def _run(llm_url: str, turns: int, window: int) -> dict[str, Tally]:
     points = list(range(2, 2 * turns + 2, 2))  # after each user message
     counter = ChatTokenCounter(load_encodings())
     tallies: dict[str, Tally] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        settings = Settings(  # type: ignore[call-arg]
-            _env_file=None,
-            upstream_url=llm_url,
-            database_url=f"sqlite:///{Path(tmp) / 'u.db'}",
-            summary_timeout=300,
-        )
-        app = create_app(settings)
-        async with (
-            app.router.lifespan_context(app),
-            httpx.AsyncClient(
-                transport=httpx.ASGITransport(app=app), base_url="http://proxy", timeout=600
-            ) as proxy,
-            httpx.AsyncClient(base_url=llm_url, timeout=600) as direct,
-        ):
-            runs = {
-                "inflight auto (summaries)": (proxy, "auto"),
-                "inflight auto, no summaries": (proxy, "truncate,prune,trim"),
-                "keep-newest every request": (direct, None),
-            }
-            for name, (client, strategy) in runs.items():
-                tally = tallies[name] = Tally()
-                messages = conversation(turns, f"run {uuid.uuid4().hex[:12]}")
-                # a throwaway prompt first, so no run starts with another run's cache
-                await direct.post(
-                    "/chat/completions",
-                    json={"model": MODEL, "max_tokens": 1, "messages": [
-                        {"role": "user", "content": f"reset {name}"}]},
-                )  # fmt: skip
-                started = time.perf_counter()
-                for k in points:
-                    sent = messages[:k]
-                    headers = {}
-                    if strategy is None:
-                        budget = window - 1  # max_tokens=1 is the output reserve, as in inflight
-                        sent = keep_newest(sent, budget, lambda m: counter.count_message(MODEL, m))
-                    else:
-                        headers = {
-                            "X-Compaction-Strategy": strategy,
-                            "X-Compaction-Context-Limit": str(window),
-                        }
-                    path = "/chat/completions" if strategy is None else "/v1/chat/completions"
-                    body = {"model": MODEL, "messages": sent, "max_tokens": 1, "temperature": 0}
-                    response = await client.post(path, json=body, headers=headers)
-                    tally.requests += 1
-                    if response.status_code != 200:
-                        tally.failed += 1
-                        continue
-                    data = response.json()
-                    tally.prompt += int(data["usage"]["prompt_tokens"])
-                    tally.cached += _cached(data)
-                    tally.summary_prompt += int(
-                        response.headers.get("x-compaction-summary-prompt-tokens", 0)
-                    )
-                tally.seconds = time.perf_counter() - started
+    async with (
+        proxy_in_process(llm_url) as proxy,
+        httpx.AsyncClient(base_url=llm_url, timeout=600) as direct,
+    ):
+        runs = {
+            "inflight auto (summaries)": (proxy, "auto"),
+            "inflight auto, no summaries": (proxy, "truncate,prune,trim"),
+            "keep-newest every request": (direct, None),
+        }
+        for name, (client, strategy) in runs.items():
+            tally = tallies[name] = Tally()
+            messages = conversation(turns, f"run {uuid.uuid4().hex[:12]}")
+            started = time.perf_counter()
+            for k in points:
+                sent = messages[:k]
+                headers = {}
+                if strategy is None:
+                    budget = window - 1  # max_tokens=1 is the output reserve, as in inflight
+                    sent = keep_newest(sent, budget, lambda m: counter.count_message(MODEL, m))
+                else:
+                    headers = {
+                        "X-Compaction-Strategy": strategy,
+                        "X-Compaction-Context-Limit": str(window),
+                    }
+                path = "/chat/completions" if strategy is None else "/v1/chat/completions"
+                body = {"model": MODEL, "messages": sent, "max_tokens": 1, "temperature": 0}
+                response = await client.post(path, json=body, headers=headers)
+                tally.requests += 1
+                if response.status_code != 200:
+                    tally.failed += 1
+                    continue
+                data = response.json()
+                tally.prompt += int(data["usage"]["prompt_tokens"])
+                tally.cached += _cached(data)
+                tally.summary_prompt += int(
+                    response.headers.get("x-compaction-summary-prompt-tokens", 0)
+                )
+            tally.seconds = time.perf_counter() - started
     return tallies
 
 

@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import random
 import statistics
-import tempfile
-from pathlib import Path
 from typing import Any
 
-import httpx
+import anyio
 
-from app.factory import create_app
-from app.settings import Settings
+from bench.procs import proxy_in_process
 
 FILLER = [
     "Can you explain what a context manager is in Python?",
@@ -67,45 +64,30 @@ def conversation(seed: int) -> tuple[list[dict[str, str]], list[str]]:
 
 def retention(llm_url: str, conversations: int = 3, window: int = 1600) -> str:
     model = "qwen2.5-coder-0.5b-instruct"
-    with tempfile.TemporaryDirectory() as tmp:
-        settings = Settings(  # type: ignore[call-arg]
-            _env_file=None,
-            upstream_url=llm_url,
-            database_url=f"sqlite:///{Path(tmp) / 'u.db'}",
-            summary_timeout=300,
-        )
-        import anyio
 
-        app = create_app(settings)
+    async def run() -> dict[str, list[float]]:
+        shares: dict[str, list[float]] = {"summarize": [], "trim": []}
+        async with proxy_in_process(llm_url) as client:
+            for seed in range(conversations):
+                messages, facts = conversation(seed)
+                for strategy in shares:
+                    response = await client.post(
+                        "/v1/compaction/preview",
+                        json={"model": model, "messages": messages, "max_tokens": 64},
+                        headers={
+                            "X-Compaction-Strategy": strategy,
+                            "X-Compaction-Context-Limit": str(window),
+                        },
+                    )
+                    body: dict[str, Any] = response.json()
+                    applied = body["report"]["applied"]
+                    if strategy not in applied:
+                        raise RuntimeError(f"{strategy} not applied: {body['report']}")
+                    text = " ".join(str(m.get("content")) for m in body["messages"])
+                    shares[strategy].append(sum(f in text for f in facts) / len(facts))
+        return shares
 
-        async def run() -> dict[str, list[float]]:
-            shares: dict[str, list[float]] = {"summarize": [], "trim": []}
-            async with (
-                app.router.lifespan_context(app),
-                httpx.AsyncClient(
-                    transport=httpx.ASGITransport(app=app), base_url="http://proxy", timeout=600
-                ) as client,
-            ):
-                for seed in range(conversations):
-                    messages, facts = conversation(seed)
-                    for strategy in shares:
-                        response = await client.post(
-                            "/v1/compaction/preview",
-                            json={"model": model, "messages": messages, "max_tokens": 64},
-                            headers={
-                                "X-Compaction-Strategy": strategy,
-                                "X-Compaction-Context-Limit": str(window),
-                            },
-                        )
-                        body: dict[str, Any] = response.json()
-                        applied = body["report"]["applied"]
-                        if strategy not in applied:
-                            raise RuntimeError(f"{strategy} not applied: {body['report']}")
-                        text = " ".join(str(m.get("content")) for m in body["messages"])
-                        shares[strategy].append(sum(f in text for f in facts) / len(facts))
-            return shares
-
-        shares = anyio.run(run)
+    shares = anyio.run(run)
     lines = [
         f"{conversations} conversations, 5 planted facts each (codename, port, path, person, "
         f"version) in turns 2–4, compacted for a {window}-token window by the real "

@@ -6,9 +6,11 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
 
 import httpx
 
@@ -98,3 +100,26 @@ def bare_relay(upstream_url: str) -> Iterator[str]:
     argv = [sys.executable, "-m", "bench.bare_relay", str(port), upstream_url]
     with process(argv, f"http://127.0.0.1:{port}/healthz"):
         yield f"http://127.0.0.1:{port}/v1"
+
+
+@asynccontextmanager
+async def proxy_in_process(upstream_url: str) -> AsyncIterator[httpx.AsyncClient]:
+    """inflight as an ASGI app in this process (usage in a temporary SQLite file), in front of
+    `upstream_url`, with a patient summary deadline: the real-model benchmarks run on a CPU."""
+    from app.factory import create_app
+    from app.settings import Settings
+
+    with tempfile.TemporaryDirectory() as tmp:
+        settings = Settings(  # type: ignore[call-arg]
+            _env_file=None,
+            upstream_url=upstream_url,
+            database_url=f"sqlite:///{Path(tmp) / 'usage.db'}",
+            summary_timeout=300,
+        )
+        app = create_app(settings)
+        transport = httpx.ASGITransport(app=app)
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(transport=transport, base_url="http://proxy", timeout=600) as client,
+        ):
+            yield client

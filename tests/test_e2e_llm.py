@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import openai
 import pytest
@@ -143,3 +144,65 @@ def test_summarize_with_the_real_model(oai: openai.OpenAI) -> None:
     assert int(raw.headers["x-compaction-tokens-after"]) < int(
         raw.headers["x-compaction-tokens-before"]
     )
+
+
+def _tool_conversation(rounds: int) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a coding agent. Use the tools."},
+        {"role": "user", "content": "Find why test_parser fails and reply with one word."},
+    ]
+    for i in range(rounds):
+        calls = [
+            {
+                "id": f"call_{i}_{j}",
+                "type": "function",
+                "function": {"name": "run", "arguments": f'{{"cmd": "pytest -k case{i}_{j}"}}'},
+            }
+            for j in range(2)  # parallel calls: one unit with both answers
+        ]
+        messages.append({"role": "assistant", "content": None, "tool_calls": calls})
+        for call in calls:
+            messages.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": call["id"],
+                    "content": f"{call['id']}: " + " ".join(f"line {n} ok;" for n in range(60)),
+                }
+            )
+    messages.append({"role": "user", "content": "Reply with the single word: done"})
+    return messages
+
+
+def test_tool_conversation_over_the_window_passes_the_real_chat_template(
+    oai: openai.OpenAI,
+) -> None:
+    """Tool calls and their results, parallel ones included, compacted pair-safely: the real
+    server's chat template accepts what the proxy forwards, within the window."""
+    assert LLM_URL is not None
+    messages = _tool_conversation(16)
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "run",
+                "description": "Run a shell command",
+                "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}},
+            },
+        }
+    ]
+    direct = openai.OpenAI(base_url=LLM_URL, api_key="none", timeout=60, max_retries=0)
+    with direct, pytest.raises(openai.BadRequestError):
+        direct.chat.completions.create(model=MODEL, messages=messages, tools=tools, max_tokens=8)  # type: ignore[arg-type]
+    raw = oai.chat.completions.with_raw_response.create(
+        model=MODEL,
+        messages=messages,  # type: ignore[arg-type]
+        tools=tools,  # type: ignore[arg-type]
+        max_tokens=8,
+        temperature=0,
+        extra_headers={"X-Compaction-Strategy": "truncate,prune,trim"},
+    )
+    result = raw.parse()
+    assert result.usage is not None
+    assert result.usage.prompt_tokens <= 4096
+    assert {"prune", "trim"} & set(raw.headers["x-compaction-applied"].split(","))
+    assert int(raw.headers["x-compaction-messages-after"]) < len(messages)

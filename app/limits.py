@@ -247,7 +247,7 @@ class WindowRegistry:
         try:
             # shield: a caller that is cancelled does not cancel the others' discovery
             return await asyncio.shield(task)
-        except Exception:
+        except Exception:  # best effort by contract: a failed probe means "unknown", logged
             logger.exception("window discovery for %s at %s failed", model, base_url)
             return None
 

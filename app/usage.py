@@ -58,39 +58,59 @@ class UsageStore(Protocol):
 
 
 class UsageQueue:
-    """Batches records to the store in the background; loses nothing on a clean shutdown."""
+    """Batches records to the store in the background; loses nothing on a clean shutdown.
+
+    While the store is down (a PostgreSQL restart, a locked disk) the writer keeps the batch in
+    hand and retries with a capped backoff, so an outage costs no records as long as fewer than
+    `max_pending` requests arrive meanwhile; past that, new records are counted in `dropped`
+    rather than let memory grow without end. At shutdown the flush makes `retries` attempts per
+    batch and counts what still fails in `failed`.
+    """
 
     def __init__(
         self,
         store: UsageStore,
         *,
         max_batch: int = 500,
+        max_pending: int = 200_000,
         retries: int = 5,
         retry_delay: float = 0.2,
+        max_backoff: float = 5.0,
     ) -> None:
         self._store = store
-        self._queue: asyncio.Queue[UsageRecord] = asyncio.Queue()
+        self._queue: asyncio.Queue[UsageRecord] = asyncio.Queue(maxsize=max_pending)
         self._max_batch = max_batch
         self._retries = retries
         self._retry_delay = retry_delay
+        self._max_backoff = max_backoff
         self._task: asyncio.Task[None] | None = None
+        self._in_hand: list[UsageRecord] = []  # the batch being written, kept across retries
+        self._idle = asyncio.Event()  # set while no write is in flight
+        self._idle.set()
         self.written = 0
         self.failed = 0
+        self.dropped = 0
 
     @property
     def depth(self) -> int:
-        return self._queue.qsize()
+        return self._queue.qsize() + len(self._in_hand)
 
     def submit(self, record: UsageRecord) -> None:
-        self._queue.put_nowait(record)
+        try:
+            self._queue.put_nowait(record)
+        except asyncio.QueueFull:
+            self.dropped += 1
+            if self.dropped == 1 or self.dropped % 10_000 == 0:
+                logger.error("usage queue full: %d records dropped so far", self.dropped)
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="inflight-usage-writer")
 
     async def _run(self) -> None:
         while True:
-            first = await self._queue.get()
-            await self._write(self._drain(first))
+            if not self._in_hand:
+                self._in_hand = self._drain(await self._queue.get())
+            await self._write(attempts=None)
 
     def _drain(self, first: UsageRecord) -> list[UsageRecord]:
         batch = [first]
@@ -101,30 +121,48 @@ class UsageQueue:
                 break
         return batch
 
-    async def _write(self, batch: list[UsageRecord]) -> None:
-        for attempt in range(self._retries):
+    async def _write(self, attempts: int | None) -> bool:
+        """Write the batch in hand: until it succeeds (`attempts=None`) or `attempts` times."""
+        attempt = 0
+        while True:
+            self._idle.clear()
             try:
-                await self._store.write_many(batch)
+                await self._store.write_many(self._in_hand)
             except Exception as exc:  # noqa: BLE001 - any store failure: retry, then count it
+                attempt += 1
                 logger.warning(
                     "usage write of %d records failed (attempt %d): %s",
-                    len(batch),
-                    attempt + 1,
+                    len(self._in_hand),
+                    attempt,
                     exc,
                 )
-                await asyncio.sleep(self._retry_delay * (attempt + 1))
+                if attempts is not None and attempt >= attempts:
+                    return False
+                await asyncio.sleep(min(self._retry_delay * 2 ** (attempt - 1), self._max_backoff))
             else:
-                self.written += len(batch)
-                return
-        self.failed += len(batch)
-        logger.error("dropped %d usage records after %d attempts", len(batch), self._retries)
+                self.written += len(self._in_hand)
+                self._in_hand = []
+                return True
+            finally:
+                self._idle.set()
 
     async def close(self) -> None:
-        """Stop the writer and flush every queued record."""
+        """Stop the writer and flush every queued record (a bounded number of attempts each)."""
         if self._task is not None:
+            # A write in flight may finish in its thread even if cancelled: let it end first,
+            # or its batch would be written twice (bounded: a hung store gets 30 s).
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), timeout=30)
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        while not self._queue.empty():
-            await self._write(self._drain(self._queue.get_nowait()))
+        while self._in_hand or not self._queue.empty():
+            if not self._in_hand:
+                self._in_hand = self._drain(self._queue.get_nowait())
+            if not await self._write(attempts=self._retries):
+                self.failed += len(self._in_hand)
+                logger.error(
+                    "dropped %d usage records after %d attempts", len(self._in_hand), self._retries
+                )
+                self._in_hand = []

@@ -8,6 +8,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from app.metrics import Metrics
@@ -69,6 +70,56 @@ async def test_queue_never_blocks_and_loses_nothing() -> None:
     assert sorted(r.request_id for r in store.rows) == sorted(f"r{i}" for i in range(3000))
     assert queue.written == 3000
     assert queue.failed == 0
+
+
+class DownStore(FlakyStore):
+    """A store that is down for its first `outage` writes (a PostgreSQL restart)."""
+
+    def __init__(self, outage: int) -> None:
+        super().__init__()
+        self.outage = outage
+        self.gate.set()
+
+    async def write_many(self, records: Sequence[UsageRecord]) -> None:
+        self.calls += 1
+        if self.calls <= self.outage:
+            raise OSError("connection refused")
+        self.rows.extend(records)
+
+
+async def test_an_outage_longer_than_the_retries_loses_nothing() -> None:
+    """The writer keeps its batch through 20 failed writes (more than `retries`), and records
+    submitted meanwhile wait in the queue; once the store is back, all of them are written."""
+    store = DownStore(outage=20)
+    queue = UsageQueue(store, max_batch=50, retries=5, retry_delay=0.001, max_backoff=0.002)
+    await queue.start()
+    for i in range(500):
+        queue.submit(record(i))
+    with anyio.fail_after(10):
+        while queue.written < 500:  # bounded wait on the condition, not a sleep
+            await asyncio.sleep(0.005)
+    await queue.close()
+    assert store.calls > 20
+    assert sorted(r.request_id for r in store.rows) == sorted(f"r{i}" for i in range(500))
+    assert (queue.failed, queue.dropped, queue.depth) == (0, 0, 0)
+
+
+async def test_a_full_queue_drops_and_counts_instead_of_growing() -> None:
+    store = FlakyStore()  # blocked on its gate: nothing leaves the queue
+    queue = UsageQueue(store, max_batch=10, max_pending=100)
+    await queue.start()
+    queue.submit(record(0))
+    with anyio.fail_after(5):
+        while store.calls == 0:  # the writer holds record 0, blocked in the store
+            await asyncio.sleep(0.001)
+    for i in range(1, 150):
+        queue.submit(record(i))
+    assert queue.depth == 101
+    assert queue.dropped == 149 - 100
+    store.gate.set()
+    await queue.close()
+    assert len(store.rows) == 101
+    assert queue.written == 101
 
 
 async def check_store(store: UsageStore) -> None:

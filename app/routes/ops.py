@@ -42,6 +42,7 @@ async def stats(state: State, client: ClientKey) -> dict[str, Any]:
             "depth": state.queue.depth,
             "written": state.queue.written,
             "failed": state.queue.failed,
+            "dropped": state.queue.dropped,
         },
     }
 

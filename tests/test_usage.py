@@ -39,11 +39,13 @@ class FlakyStore:
         self.rows: list[UsageRecord] = []
         self.calls = 0
         self.gate = asyncio.Event()
+        self.entered = asyncio.Event()  # set once a write has started
 
     async def open(self) -> None: ...
 
     async def write_many(self, records: Sequence[UsageRecord]) -> None:
         self.calls += 1
+        self.entered.set()
         await self.gate.wait()
         if self.calls % 3 == 0:
             raise OSError("disk hiccup")
@@ -75,29 +77,31 @@ async def test_queue_never_blocks_and_loses_nothing() -> None:
 class DownStore(FlakyStore):
     """A store that is down for its first `outage` writes (a PostgreSQL restart)."""
 
-    def __init__(self, outage: int) -> None:
+    def __init__(self, outage: int, expected: int) -> None:
         super().__init__()
         self.outage = outage
-        self.gate.set()
+        self.expected = expected
+        self.all_written = asyncio.Event()
 
     async def write_many(self, records: Sequence[UsageRecord]) -> None:
         self.calls += 1
         if self.calls <= self.outage:
             raise OSError("connection refused")
         self.rows.extend(records)
+        if len(self.rows) >= self.expected:
+            self.all_written.set()
 
 
 async def test_an_outage_longer_than_the_retries_loses_nothing() -> None:
     """The writer keeps its batch through 20 failed writes (more than `retries`), and records
     submitted meanwhile wait in the queue; once the store is back, all of them are written."""
-    store = DownStore(outage=20)
+    store = DownStore(outage=20, expected=500)
     queue = UsageQueue(store, max_batch=50, retries=5, retry_delay=0.001, max_backoff=0.002)
     await queue.start()
     for i in range(500):
         queue.submit(record(i))
     with anyio.fail_after(10):
-        while queue.written < 500:  # bounded wait on the condition, not a sleep
-            await asyncio.sleep(0.005)
+        await store.all_written.wait()
     await queue.close()
     assert store.calls > 20
     assert sorted(r.request_id for r in store.rows) == sorted(f"r{i}" for i in range(500))
@@ -110,8 +114,7 @@ async def test_a_full_queue_drops_and_counts_instead_of_growing() -> None:
     await queue.start()
     queue.submit(record(0))
     with anyio.fail_after(5):
-        while store.calls == 0:  # the writer holds record 0, blocked in the store
-            await asyncio.sleep(0.001)
+        await store.entered.wait()  # the writer holds record 0, blocked in the store
     for i in range(1, 150):
         queue.submit(record(i))
     assert queue.depth == 101

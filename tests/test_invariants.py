@@ -35,6 +35,10 @@ PIPELINES: dict[str, tuple[StrategyName, ...]] = {
 }
 WINDOWS = st.sampled_from([2048, 4096, 8192, 16384])
 TRACES = load_traces()
+# Hypothesis budgets: one compaction per example, or a whole conversation replayed per example.
+_SLOW_IS_FINE = [HealthCheck.too_slow, HealthCheck.data_too_large]
+ONE_REQUEST = settings(max_examples=60, deadline=None, suppress_health_check=_SLOW_IS_FINE)
+TURN_BY_TURN = settings(max_examples=25, deadline=None, suppress_health_check=_SLOW_IS_FINE)
 
 
 def run(
@@ -123,11 +127,7 @@ def check_cache_stability(
 
 
 @pytest.mark.parametrize("name", list(PIPELINES))
-@settings(
-    max_examples=60,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+@ONE_REQUEST
 @given(messages=conversations(), window=WINDOWS)
 def test_invariants_on_generated_conversations(
     name: str, messages: list[dict[str, Any]], window: int
@@ -136,11 +136,7 @@ def test_invariants_on_generated_conversations(
 
 
 @pytest.mark.parametrize("name", list(PIPELINES))
-@settings(
-    max_examples=25,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+@TURN_BY_TURN
 @given(messages=conversations(), window=WINDOWS)
 def test_cache_stability_on_generated_conversations(
     name: str, messages: list[dict[str, Any]], window: int
@@ -230,11 +226,7 @@ def check_summarized(messages: list[dict[str, Any]], window: int) -> None:
         assert is_strict_alternation(out)
 
 
-@settings(
-    max_examples=60,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+@ONE_REQUEST
 @given(messages=conversations(), window=WINDOWS)
 def test_summarize_with_a_summary_keeps_the_invariants(
     messages: list[dict[str, Any]], window: int
@@ -242,11 +234,7 @@ def test_summarize_with_a_summary_keeps_the_invariants(
     check_summarized(messages, window)
 
 
-@settings(
-    max_examples=25,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+@TURN_BY_TURN
 @given(messages=conversations(), window=WINDOWS)
 def test_summarize_with_a_summary_is_cache_stable(
     messages: list[dict[str, Any]], window: int

@@ -32,7 +32,7 @@ from app.summarize import Summaries
 from app.summarizer import Completer, SummaryPrompt
 from app.tokens import ChatTokenCounter
 from app.upstream import Upstream, summary_completer
-from app.usage import UsageQueue
+from app.usage import UsageQueue, UsageStore
 
 logger = logging.getLogger(__name__)
 
@@ -65,8 +65,14 @@ async def _unexpected_error_handler(request: Request, exc: Exception) -> Respons
     return ProxyError("internal error in the proxy").to_response()
 
 
-def create_app(settings: Settings, *, transport: httpx.AsyncBaseTransport | None = None) -> FastAPI:
-    """The ASGI app. `transport` lets tests put a fake upstream behind the pooled client."""
+def create_app(
+    settings: Settings,
+    *,
+    transport: httpx.AsyncBaseTransport | None = None,
+    store: UsageStore | None = None,
+) -> FastAPI:
+    """The ASGI app. `transport` lets tests put a fake upstream behind the pooled client, and
+    `store` replaces the usage store `DATABASE_URL` names."""
     table = ModelTable.load(settings.config_dir / "models.toml")
     upstream = Upstream(settings, routes=table, transport=transport)
     encodings = load_encodings()
@@ -85,7 +91,7 @@ def create_app(settings: Settings, *, transport: httpx.AsyncBaseTransport | None
 
     compactor = CompactionService(settings, counter, windows, summaries, completer_for)
 
-    store = open_store(settings.database_url)
+    store = store if store is not None else open_store(settings.database_url)
     queue = UsageQueue(store)
     metrics = Metrics(lambda: queue.depth, counter.calibration_factors)
 

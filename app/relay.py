@@ -4,6 +4,10 @@ Starlette's `StreamingResponse` gives no guarantee that the upstream is closed w
 goes away while we wait on the upstream, so this class owns that boundary: it races the byte pump
 against `http.disconnect`, and every ending (completion, client disconnect, upstream error)
 runs the same `finally` that closes the upstream response and reports the outcome once.
+
+A stream whose final event (`data: [DONE]`, as the SSE tap sees it) reached the client is
+`completed` even when the client hangs up before the upstream closes: the openai SDK and
+langchain close the connection right after `[DONE]`, and some upstreams linger before closing.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from starlette.types import Receive, Scope, Send
 
 from app.errors import UpstreamTimeout, UpstreamUnavailable
 from app.sse_tap import SSETap
+from app.upstream import public_url
 
 logger = logging.getLogger(__name__)
 
@@ -81,10 +86,7 @@ class RelayResponse(Response):
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        outcome: Outcome = "completed"
-        ttfb: float | None = None
-        sent = 0
-        finished = False
+        progress = _Progress()
         broken: Exception | None = None
         try:
             await send(
@@ -95,41 +97,8 @@ class RelayResponse(Response):
                 }
             )
             async with anyio.create_task_group() as tg:
-
-                async def watch_disconnect() -> None:
-                    nonlocal outcome
-                    while True:
-                        message = await receive()
-                        if message["type"] == "http.disconnect":
-                            if not finished:  # a disconnect after the last byte is normal
-                                outcome = "client_disconnected"
-                            tg.cancel_scope.cancel()
-                            return
-
-                tg.start_soon(watch_disconnect)
-                try:
-                    chunks = self.upstream.aiter_raw() if self.raw else self.upstream.aiter_bytes()
-                    async for chunk in chunks:
-                        out = self.tap.feed(chunk) if self.tap is not None else chunk
-                        if out:
-                            if ttfb is None:
-                                ttfb = time.perf_counter() - self.started
-                            await send(
-                                {"type": "http.response.body", "body": out, "more_body": True}
-                            )
-                            sent += len(out)
-                    tail = self.tap.flush() if self.tap is not None else b""
-                    await send({"type": "http.response.body", "body": tail, "more_body": False})
-                    finished = True
-                except (httpx.HTTPError, UpstreamTimeout, UpstreamUnavailable) as exc:
-                    outcome = "upstream_error"
-                    logger.warning("upstream stream broke: %s", type(exc).__name__)
-                    if self._sse:
-                        await self._send_error(send, exc)
-                    else:
-                        broken = exc
-                except OSError:
-                    outcome = "client_disconnected"
+                tg.start_soon(_watch_disconnect, receive, progress, tg.cancel_scope)
+                broken = await self._pump(send, progress)
                 tg.cancel_scope.cancel()
             if broken is not None:
                 # A plain body cannot carry an error once started: abort the connection so the
@@ -139,13 +108,44 @@ class RelayResponse(Response):
             with anyio.CancelScope(shield=True):
                 await self.upstream.aclose()
                 if self.on_end is not None:
-                    await self.on_end(RelayResult(outcome, ttfb, sent))
+                    await self.on_end(RelayResult(progress.outcome, progress.ttfb, progress.sent))
 
-    async def _send_error(self, send: Send, exc: Exception) -> None:
+    async def _pump(self, send: Send, progress: _Progress) -> Exception | None:
+        """Relay the body; returns the upstream failure a plain body must abort with."""
+        try:
+            chunks = self.upstream.aiter_raw() if self.raw else self.upstream.aiter_bytes()
+            async for chunk in chunks:
+                out = self.tap.feed(chunk) if self.tap is not None else chunk
+                if out:
+                    if progress.ttfb is None:
+                        progress.ttfb = time.perf_counter() - self.started
+                    await send({"type": "http.response.body", "body": out, "more_body": True})
+                    progress.sent += len(out)
+                    progress.finished = self.tap is not None and self.tap.done
+            tail = self.tap.flush() if self.tap is not None else b""
+            await send({"type": "http.response.body", "body": tail, "more_body": False})
+            progress.finished = True
+        except (httpx.HTTPError, UpstreamTimeout, UpstreamUnavailable) as exc:
+            where = public_url(self.upstream.request.url)
+            if progress.finished:  # the answer is complete; only the upstream's close failed
+                logger.info("upstream %s broke after the final event: %s", where, exc)
+                await _end_body(send)
+                return None
+            progress.outcome = "upstream_error"
+            logger.warning("upstream %s stream broke: %s: %s", where, type(exc).__name__, exc)
+            if not self._sse:
+                return exc
+            await self._send_error(send, exc, where)
+        except OSError:
+            if not progress.finished:
+                progress.outcome = "client_disconnected"
+        return None
+
+    async def _send_error(self, send: Send, exc: Exception, where: str) -> None:
         error: UpstreamTimeout | UpstreamUnavailable = (
-            UpstreamTimeout("upstream stream timed out")
+            UpstreamTimeout(f"upstream {where} timed out during the stream")
             if isinstance(exc, httpx.TimeoutException)
-            else UpstreamUnavailable(f"upstream stream broke ({type(exc).__name__})")
+            else UpstreamUnavailable(f"upstream {where} stream broke ({type(exc).__name__})")
         )
         try:
             await send(
@@ -153,3 +153,33 @@ class RelayResponse(Response):
             )
         except OSError:
             return
+
+
+@dataclass(slots=True)
+class _Progress:
+    """How far a relay got (shared by the byte pump and the disconnect watcher)."""
+
+    outcome: Outcome = "completed"
+    ttfb: float | None = None
+    sent: int = 0
+    finished: bool = False  # the last byte was sent, or the final SSE event reached the client
+
+
+async def _watch_disconnect(
+    receive: Receive, progress: _Progress, scope: anyio.CancelScope
+) -> None:
+    """Stop the relay when the client hangs up; before the end, that is a disconnect."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            if not progress.finished:
+                progress.outcome = "client_disconnected"
+            scope.cancel()
+            return
+
+
+async def _end_body(send: Send) -> None:
+    try:
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+    except OSError:
+        return

@@ -1,9 +1,11 @@
-"""Incremental SSE reader for relayed chat streams: reads usage, `[DONE]` and errors.
+"""Incremental SSE reader for relayed streams: reads usage, the final event and errors.
 
 It sees the upstream's bytes chunk by chunk and holds at most one partial line. Only lines that
 can carry usage or an error are parsed; everything else passes through untouched. When the proxy
 itself asked the upstream for usage (the client did not), the usage-only chunk is cut out of what
-the client sees.
+the client sees. The final event is chat's `data: [DONE]`, or the data line of a Responses
+(`response.completed`, `response.failed`, `response.incomplete`) or Anthropic (`message_stop`)
+final event: once it has been read the answer is complete.
 """
 
 from __future__ import annotations
@@ -35,6 +37,11 @@ class Usage:
         )
 
 
+FINAL_EVENTS = frozenset(
+    {b"response.completed", b"response.failed", b"response.incomplete", b"message_stop"}
+)
+
+
 def _int_or_none(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
@@ -49,6 +56,7 @@ class SSETap:
     error: Any = None
     _partial: bytes = b""
     _skip_blank: bool = field(default=False)
+    _final_next: bool = False  # an `event:` line named a final event; its data line ends it
 
     def feed(self, chunk: bytes) -> bytes:
         data = self._partial + chunk
@@ -82,12 +90,16 @@ class SSETap:
 
     def _observe(self, line: bytes) -> bool:
         """Read one line; True when it is the usage-only chunk (to cut when stripping)."""
+        if line.startswith(b"event:"):
+            self._final_next = line[6:].strip() in FINAL_EVENTS
+            return False
         if not line.startswith(b"data:"):
             return False
         payload = line[5:].strip()
-        if payload == b"[DONE]":
+        if payload == b"[DONE]" or self._final_next:
             self.done = True
-            return False
+            if payload == b"[DONE]":
+                return False
         if b'"usage"' not in payload and b'"error"' not in payload:
             return False
         try:

@@ -41,6 +41,15 @@ _RESPONSE_DROP = HOP_BY_HOP | {"content-length", "date", "server"}
 UPSTREAM_KEEPALIVE_EXPIRY = 2.0
 
 
+def public_url(url: str | httpx.URL) -> str:
+    """A URL fit for error messages and logs: scheme, host, port and path; never credentials
+    (`user:pass@`) or the query string."""
+    parsed = httpx.URL(url) if isinstance(url, str) else url
+    host = f"[{parsed.host}]" if ":" in parsed.host else parsed.host  # IPv6 literal
+    port = f":{parsed.port}" if parsed.port is not None else ""
+    return f"{parsed.scheme}://{host}{port}{parsed.path}"
+
+
 class _NoCookieJar(CookieJar):
     """One pooled client serves every client of the proxy: an upstream's `Set-Cookie` is
     relayed to the client that got it and never stored, or it would be replayed upstream on
@@ -176,9 +185,15 @@ class Upstream:
         try:
             return await self.client.send(request, stream=True)
         except httpx.TimeoutException as exc:
-            raise UpstreamTimeout(f"upstream timed out ({type(exc).__name__})") from exc
+            where = public_url(request.url)
+            logger.warning("upstream %s timed out: %s: %s", where, type(exc).__name__, exc)
+            raise UpstreamTimeout(f"upstream {where} timed out ({type(exc).__name__})") from exc
         except httpx.TransportError as exc:
-            raise UpstreamUnavailable(f"upstream unreachable ({type(exc).__name__})") from exc
+            where = public_url(request.url)
+            logger.warning("upstream %s unreachable: %s: %s", where, type(exc).__name__, exc)
+            raise UpstreamUnavailable(
+                f"upstream {where} unreachable ({type(exc).__name__})"
+            ) from exc
 
     async def fetch_json(self, method: str, url: str, json: Any | None = None) -> Any | None:
         """A short, never-fatal JSON probe (window discovery, readiness); None on any failure."""
@@ -216,9 +231,15 @@ async def read_all(response: httpx.Response) -> bytes:
     try:
         return await response.aread()
     except httpx.TimeoutException as exc:
-        raise UpstreamTimeout("upstream timed out while sending its answer") from exc
+        where = public_url(response.request.url)
+        logger.warning("upstream %s timed out while answering: %s", where, type(exc).__name__)
+        raise UpstreamTimeout(f"upstream {where} timed out while sending its answer") from exc
     except httpx.TransportError as exc:
-        raise UpstreamUnavailable(f"upstream broke while answering ({type(exc).__name__})") from exc
+        where = public_url(response.request.url)
+        logger.warning("upstream %s broke while answering: %s: %s", where, type(exc).__name__, exc)
+        raise UpstreamUnavailable(
+            f"upstream {where} broke while answering ({type(exc).__name__})"
+        ) from exc
     finally:
         await response.aclose()
 

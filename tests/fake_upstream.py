@@ -110,6 +110,7 @@ class FakeUpstream:
         self.error: tuple[int, bytes, dict[str, str]] | None = None
         self.pacing: Pacing | None = None
         self.break_stream_after_first = False
+        self.linger_after_done = 0.0  # seconds the stream stays open after `data: [DONE]`
         self.context_window: int | None = None
         self.advertised_window: int | None = None  # what /v1/models says (default: the real one)
         self.enforce_pairs = False
@@ -303,6 +304,8 @@ class FakeUpstream:
                     }
                 )
             yield b"data: [DONE]\n\n"
+            if self.linger_after_done:  # like servers that close the stream a while later
+                await anyio.sleep(self.linger_after_done)
         finally:
             if pacing is not None:
                 pacing.closed.set()

@@ -1,14 +1,18 @@
-"""Run an ASGI app on a real uvicorn server on 127.0.0.1:0 in a thread, with bounded waits."""
+"""Run an ASGI app on a real uvicorn server on 127.0.0.1:0 in a thread, with bounded waits; a
+usage store a test thread can wait on."""
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import uvicorn
+
+from app.stores.sqlite import SQLiteStore
+from app.usage import UsageRecord
 
 
 @contextmanager
@@ -32,3 +36,26 @@ def serve(app: Any, *, timeout: float = 10.0) -> Iterator[str]:
         if thread.is_alive():
             server.force_exit = True
             thread.join(timeout)
+
+
+class WatchedStore(SQLiteStore):
+    """An in-memory SQLite usage store that also keeps the records it was given, so a test (in
+    another thread than the server) can wait until the proxy has recorded what it expects."""
+
+    def __init__(self) -> None:
+        super().__init__("sqlite:///:memory:")
+        self.records: list[UsageRecord] = []
+        self._written = threading.Condition()
+
+    async def write_many(self, records: Sequence[UsageRecord]) -> None:
+        await super().write_many(records)
+        with self._written:
+            self.records.extend(records)
+            self._written.notify_all()
+
+    def wait_for(self, count: int, timeout: float = 10.0) -> list[UsageRecord]:
+        """The records once at least `count` were written (bounded wait)."""
+        with self._written:
+            if not self._written.wait_for(lambda: len(self.records) >= count, timeout):
+                raise AssertionError(f"{len(self.records)} usage records, expected {count}")
+            return list(self.records)

@@ -12,7 +12,7 @@ import pytest
 from app.factory import create_app
 from tests.conftest import make_settings
 from tests.fake_upstream import FakeUpstream, Pacing
-from tests.servers import serve
+from tests.servers import WatchedStore, serve
 
 pytestmark = pytest.mark.e2e
 
@@ -141,3 +141,22 @@ def test_upstream_breaking_mid_stream_ends_with_an_sse_error(
 
 def test_passthrough_models(oai: openai.OpenAI) -> None:
     assert [m.id for m in oai.models.list()] == ["fake-model"]
+
+
+def test_stream_delivered_to_the_end_is_completed_though_the_upstream_lingers(
+    tmp_path: Path, upstream_url: str, fake: FakeUpstream
+) -> None:
+    """The SDK hangs up right after `data: [DONE]`; the upstream closes 0.5 s later."""
+    fake.linger_after_done = 0.5
+    fake.reply_text = "one two"
+    store = WatchedStore()
+    app = create_app(make_settings(tmp_path, upstream_url=upstream_url), store=store)
+    with (
+        serve(app) as url,
+        openai.OpenAI(base_url=url + "/v1", api_key="sk", timeout=20, max_retries=0) as oai,
+    ):
+        chunks = list(oai.chat.completions.create(model="m", messages=MESSAGES, stream=True))  # type: ignore[arg-type]
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "one two"
+        (record,) = store.wait_for(1)
+    assert record.outcome == "completed"
+    assert record.prompt_tokens == 11

@@ -75,3 +75,40 @@ def test_error_event_is_seen() -> None:
     tap.feed(b'data: {"error": {"message": "overloaded"}}\n\n')
     assert tap.error == {"message": "overloaded"}
     assert not tap.done
+
+
+RESPONSES_END = (
+    b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta"}\n\n'
+    b'event: response.completed\ndata: {"type":"response.completed","response":{}}\n\n'
+)
+ANTHROPIC_END = (
+    b'event: message_delta\ndata: {"type":"message_delta","usage":{"output_tokens":3}}\n\n'
+    b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+)
+
+
+@settings(max_examples=200)
+@given(
+    st.sampled_from([STREAM, RESPONSES_END, ANTHROPIC_END]),
+    st.integers(min_value=0, max_value=10_000),
+    st.booleans(),
+)
+def test_done_once_the_final_event_has_been_read_and_not_before(
+    stream: bytes, cut: int, strip: bool
+) -> None:
+    """`done` says the answer is complete: set by the final event's data line, never earlier."""
+    last_data = stream.rindex(b"data:")
+    end_of_final = stream.index(b"\n", last_data) + 1
+    cut %= len(stream) + 1
+    tap = SSETap(strip_usage_chunk=strip)
+    tap.feed(stream[:cut])
+    assert tap.done is (cut >= end_of_final)
+    tap.feed(stream[cut:])
+    assert tap.done
+
+
+def test_a_final_event_name_inside_content_is_not_the_end() -> None:
+    tap = SSETap()
+    tap.feed(b'data: {"choices":[{"delta":{"content":"event: message_stop"}}]}\n\n')
+    tap.feed(b'event: response.output_text.delta\ndata: {"text":"[DONE]"}\n\n')
+    assert not tap.done

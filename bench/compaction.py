@@ -21,7 +21,7 @@ from app.compaction.policy import Budget
 from app.encodings import load_encodings
 from app.messages import check_pair_safety, group_units, pinned_head
 from app.tokens import ChatTokenCounter
-from bench.traces import load, request_points
+from tests.support import load_traces, request_points
 
 Messages = list[Mapping[str, Any]]
 Counter = Callable[[Mapping[str, Any]], int]
@@ -131,7 +131,7 @@ def prefix_reuse_report(windows: Sequence[int] = (8192, 16384, 32768)) -> str:
     ]
     totals: dict[str, list[float]] = {"auto": [], "newest": [], "langchain": [], "middle": []}
     broke = dict.fromkeys(totals, 0)
-    for name, messages in load():
+    for name, messages in load_traces():
         for window in windows:
             budget = Budget(window, 1024, 0.8, 0.5)
             fit = budget.budget
@@ -162,7 +162,7 @@ def prefix_reuse_report(windows: Sequence[int] = (8192, 16384, 32768)) -> str:
 
 def planning_cost_report() -> str:
     """Count + plan for the largest transcript, cold (new counter) and warm (cached)."""
-    traces = load()
+    traces = load_traces()
     name, messages = max(traces, key=lambda t: sum(len(str(m.get("content"))) for m in t[1]))
     encodings = load_encodings()
     budget = Budget(8192, 1024, 0.8, 0.5)

@@ -12,7 +12,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from bench.procs import free_port, process
+from bench.procs import process
+from tests.support import free_port
 
 OUT = Path(__file__).resolve().parent / "out"
 VENV = OUT / "litellm-venv"

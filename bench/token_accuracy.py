@@ -21,7 +21,7 @@ import httpx
 
 from app.encodings import load_encodings
 from app.tokens import ChatTokenCounter
-from bench.traces import TRACES, load, request_points
+from tests.support import load_traces, request_points
 
 CALIBRATION_POINTS = 3  # earlier requests of the same conversation the proxy has seen
 
@@ -48,7 +48,7 @@ def openai_report() -> str:
     counter = ChatTokenCounter(load_encodings())
     rows = ["| transcript | exact o200k | estimate | error |", "|---|---:|---:|---:|"]
     errors = []
-    for name, messages in load():
+    for name, messages in load_traces():
         exact = exact_o200k(messages)
         ours = counter.count_request("gpt-4o", {"messages": messages})
         errors.append(abs(ours - exact) / exact)
@@ -85,7 +85,7 @@ def llama_report(base_url: str, model: str = "qwen2.5-coder-0.5b-instruct") -> s
     fresh = ChatTokenCounter(encodings)
     samples: dict[str, list[tuple[list[dict[str, Any]], int]]] = {}
     with httpx.Client(timeout=120) as client:
-        for name, messages in load():
+        for name, messages in load_traces():
             samples[name] = [
                 (messages[:k], _server_count(client, root, messages[:k])) for k in _points(messages)
             ]
@@ -119,7 +119,7 @@ def llama_report(base_url: str, model: str = "qwen2.5-coder-0.5b-instruct") -> s
 
 def cost_report(repeats: int = 5) -> str:
     """(c) Counting the largest transcript with a fresh counter (cold) and again (warm)."""
-    name, messages = max(load(), key=lambda t: sum(len(str(m.get("content"))) for m in t[1]))
+    name, messages = max(load_traces(), key=lambda t: sum(len(str(m.get("content"))) for m in t[1]))
     encodings = load_encodings()
     rows = ["| model | counting | cold | warm | cold / warm |", "|---|---|---:|---:|---:|"]
     for model in ("gpt-4o", "llama-3.1-8b"):
@@ -150,9 +150,6 @@ def main(argv: list[str] | None = None) -> int:
         help="llama.cpp base URL (default: $INFLIGHT_TEST_LLM_URL); section (b) is skipped without",
     )
     args = parser.parse_args(argv)
-    if not TRACES.is_dir():
-        print(f"no transcripts at {TRACES}: nothing to measure")
-        return 0
     print("### Token counts: estimate vs exact o200k (model `gpt-4o`)\n")
     print(openai_report() + "\n")
     if args.llm_url:

@@ -15,8 +15,6 @@ from app.factory import create_app
 from app.settings import Settings
 from tests.fake_upstream import FakeUpstream
 
-TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
-
 
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:

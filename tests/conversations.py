@@ -9,13 +9,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import orjson
 from hypothesis import strategies as st
-
-from tests.conftest import TRACES
 
 TEXT = st.text(alphabet="abcdefghij klmnop\n.,:{}0123456789", min_size=0, max_size=300)
 
@@ -137,22 +134,6 @@ def conversations() -> st.SearchStrategy[list[dict[str, Any]]]:
     return st.one_of(agent_conversation(), strict_conversation())
 
 
-def request_points(messages: Sequence[Mapping[str, Any]]) -> list[int]:
-    """Each k where `messages[:k]` is a request: the assistant speaks next."""
-    return [
-        k
-        for k in range(1, len(messages) + 1)
-        if messages[k - 1].get("role") != "assistant"
-        and (k == len(messages) or messages[k].get("role") == "assistant")
-    ]
-
-
-def load_traces() -> list[tuple[str, list[dict[str, Any]]]]:
-    if not TRACES.is_dir():
-        return []
-    return [(p.name, json.loads(p.read_text())["messages"]) for p in sorted(TRACES.glob("*.json"))]
-
-
 def common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
     n = 0
     for x, y in zip(a, b, strict=False):
@@ -160,6 +141,3 @@ def common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
             break
         n += 1
     return n
-
-
-__all__ = ["TRACES", "Path"]

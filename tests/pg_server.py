@@ -19,17 +19,12 @@ from contextlib import contextmanager
 
 import pytest
 
+from tests.support import free_port
+
 
 def _bin() -> str | None:
     found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
     return os.path.dirname(found[-1]) if found else None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @contextmanager
@@ -52,7 +47,7 @@ def postgres_url() -> Iterator[str]:
     data = os.path.join(root, "data")
     if prefix:
         shutil.chown(root, user="postgres")
-    port = _free_port()
+    port = free_port()
     run = lambda *args: subprocess.run(  # noqa: E731
         [*prefix, *args], check=True, capture_output=True, timeout=120
     )

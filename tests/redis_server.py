@@ -13,12 +13,7 @@ from pathlib import Path
 
 import pytest
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+from tests.support import free_port
 
 
 @contextmanager
@@ -33,7 +28,7 @@ def redis_url(tmp: Path) -> Iterator[str]:
         pytest.skip(
             "no redis-server binary (apt-get install redis-server) and no INFLIGHT_TEST_REDIS_URL"
         )
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [
             binary,

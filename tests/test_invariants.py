@@ -1,5 +1,5 @@
 """The seven invariants of DESIGN.md §4, for every strategy and `auto`, on generated
-conversations and on the real transcripts in ../shared/traces."""
+conversations and on the real transcripts in tests/data/traces."""
 
 from __future__ import annotations
 
@@ -17,13 +17,8 @@ from app.compaction.policy import Budget, StrategyName
 from app.compaction.truncate import truncate_message
 from app.messages import check_pair_safety, group_units, is_strict_alternation, pinned_head
 from app.summarize import summary_budget
-from tests.conversations import (
-    common_prefix,
-    conversations,
-    load_traces,
-    request_points,
-    simple_count,
-)
+from tests.conversations import common_prefix, conversations, simple_count
+from tests.support import load_traces, request_points
 
 PIPELINES: dict[str, tuple[StrategyName, ...]] = {
     "truncate": ("truncate",),
@@ -144,7 +139,6 @@ def test_cache_stability_on_generated_conversations(
     check_cache_stability(messages, PIPELINES[name], window)
 
 
-@pytest.mark.skipif(not TRACES, reason="../shared/traces is absent")
 @pytest.mark.parametrize("name", list(PIPELINES))
 @pytest.mark.parametrize("window", [8192, 16384, 32768])
 def test_invariants_on_real_transcripts(name: str, window: int) -> None:
@@ -244,7 +238,6 @@ def test_summarize_with_a_summary_is_cache_stable(
     check_cache_stability(messages, SUMMARIZE, window, lambda m, _, w: summarized(m, w))
 
 
-@pytest.mark.skipif(not TRACES, reason="../shared/traces is absent")
 @pytest.mark.parametrize("window", [8192, 16384, 32768])
 def test_summarize_with_a_summary_on_real_transcripts(window: int) -> None:
     for _, messages in TRACES:

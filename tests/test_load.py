@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from app.factory import create_app
 from tests.conftest import make_settings
 from tests.fake_upstream import FakeUpstream, Pacing
 from tests.servers import serve
+from tests.support import free_port
 
 pytestmark = pytest.mark.e2e
 MESSAGES = [{"role": "user", "content": "hello"}]
@@ -103,17 +103,10 @@ def test_one_record_per_request_under_load(tmp_path: Path, upstream: str) -> Non
     assert sum(r[5] for r in completed) == expected_completion
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @contextmanager
 def proxy_process(tmp_path: Path, upstream: str) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     """`inflight serve` in its own process (SIGTERM, RSS), usage in `tmp_path/usage.db`."""
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         "INFLIGHT_DATABASE_URL": f"sqlite:///{tmp_path / 'usage.db'}",

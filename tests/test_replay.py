@@ -14,8 +14,8 @@ import pytest
 from app.factory import create_app
 from app.messages import is_strict_alternation
 from tests.conftest import make_settings
-from tests.conversations import load_traces, request_points
 from tests.fake_upstream import FakeUpstream
+from tests.support import load_traces, request_points
 
 pytestmark = pytest.mark.anyio
 TRACES = load_traces()
@@ -46,7 +46,6 @@ async def replay(
     return fake, responses
 
 
-@pytest.mark.skipif(not TRACES, reason="../shared/traces is absent")
 @pytest.mark.parametrize("window", [8192, 16384, 32768])
 @pytest.mark.parametrize("trace", [name for name, _ in TRACES])
 async def test_replay_never_rejected_and_always_within_window(

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,27 +17,20 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conversations import request_points
 from tests.fake_upstream import FakeUpstream
 from tests.pg_server import postgres_url
 from tests.redis_server import redis_url
 from tests.servers import serve
+from tests.support import free_port, request_points
 from tests.test_summarize import agent_log
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.redis]
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @contextmanager
 def replica(env: dict[str, str]) -> Iterator[str]:
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--log-level", "warning"],
         env={**os.environ, **env}, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,

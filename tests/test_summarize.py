@@ -16,9 +16,10 @@ from app.factory import create_app
 from app.settings import Settings
 from app.summarizer import SummaryPrompt, chunk_transcript, render_message
 from tests.conftest import make_settings
-from tests.conversations import common_prefix, request_points
+from tests.conversations import common_prefix
 from tests.fake_upstream import FakeUpstream
 from tests.redis_server import redis_url
+from tests.support import request_points
 
 pytestmark = pytest.mark.anyio
 CONFIG = Path(__file__).resolve().parents[1] / "config"

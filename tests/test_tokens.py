@@ -4,10 +4,8 @@ images, caching, calibration, and the model table's encoding seam."""
 from __future__ import annotations
 
 import base64
-import json
 import struct
 import zlib
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,8 +19,7 @@ from app.tokens import (
     heuristic_tokens,
     image_tokens,
 )
-
-TRACES = Path(__file__).resolve().parents[1] / ".." / "shared" / "traces"
+from tests.support import load_traces
 
 
 @pytest.fixture(scope="module")
@@ -70,26 +67,23 @@ def test_exact_count_matches_reference(
     assert counter.encoding_name("llama-3") is None
 
 
-@pytest.mark.skipif(not TRACES.is_dir(), reason="../shared/traces is absent")
 def test_real_transcripts_within_2_percent_of_exact_o200k(
     counter: ChatTokenCounter, encodings: EncodingSet
 ) -> None:
-    for path in sorted(TRACES.glob("*.json")):
-        messages = json.loads(path.read_text())["messages"]
+    for name, messages in load_traces():
         ours = counter.count_request("gpt-4o", {"messages": messages})
         ref = reference_count(encodings.get("o200k_base"), messages)
-        assert abs(ours - ref) / ref < 0.02, path.name
+        assert abs(ours - ref) / ref < 0.02, name
 
 
-@pytest.mark.skipif(not TRACES.is_dir(), reason="../shared/traces is absent")
 def test_heuristic_errs_high_on_real_transcripts(encodings: EncodingSet) -> None:
     """Conservative: on the agent transcripts it never reads lower than o200k."""
     enc = encodings.get("o200k_base")
-    for path in sorted(TRACES.glob("*.json")):
-        texts = [m.get("content") or "" for m in json.loads(path.read_text())["messages"]]
+    for name, messages in load_traces():
+        texts = [m.get("content") or "" for m in messages]
         exact = sum(len(enc.encode_ordinary(t)) for t in texts)
         estimate = sum(heuristic_tokens(t) for t in texts)
-        assert exact <= estimate <= 1.35 * exact, path.name
+        assert exact <= estimate <= 1.35 * exact, name
 
 
 def test_long_text_is_counted_in_pieces(counter: ChatTokenCounter, encodings: EncodingSet) -> None:

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.compaction.engine import SUMMARY_PREFIX, CompactionResult, compact, summary_message
-from app.compaction.planner import plan
+from app.compaction.planner import Plan, plan, render
 from app.compaction.policy import Budget, StrategyName
 from app.compaction.truncate import truncate_message
 from app.messages import check_pair_safety, group_units, is_strict_alternation, pinned_head
@@ -148,25 +148,45 @@ def test_invariants_on_real_transcripts(name: str, window: int) -> None:
         check_cache_stability(messages, PIPELINES[name], window)
 
 
+def _tool_round(i: int, size: int) -> list[dict[str, Any]]:
+    call = {"id": "c", "type": "function", "function": {"name": "bash", "arguments": "{}"}}
+    return [
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c", "content": f"{i} " + "z" * size},
+    ]
+
+
 def test_plan_is_shared_by_requests_with_a_common_history() -> None:
-    """Two requests that share a history prefix share the plan for it (no state anywhere)."""
-    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "go"}]
-    for i in range(60):
-        messages.append(
-            {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [
-                    {"id": "c", "type": "function", "function": {"name": "bash", "arguments": "{}"}}
-                ],
-            }
-        )
-        messages.append({"role": "tool", "tool_call_id": "c", "content": f"{i} " + "z" * 3000})
+    """Two requests that share a history prefix and then differ (a short user follow-up on one
+    branch, a large new tool result on the other) keep the same plan for that prefix, and so
+    forward the same compacted prefix: the plan is replayed from the history, not re-trimmed
+    to fit each request's total (no state anywhere)."""
+    history: list[dict[str, Any]] = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "go"},
+    ]
+    for i in range(35):
+        history.extend(_tool_round(i, 3000))
+    one = [*history, {"role": "user", "content": "thanks, now explain the fix"}]
+    two = [*history, *_tool_round(99, 4000)]
     budget = budget_for(8192)
-    p1 = plan(messages[:80], ("truncate", "prune", "trim"), budget, simple_count, 0)
-    p2 = plan(messages[:80], ("truncate", "prune", "trim"), budget, simple_count, 0)
-    assert p1 == p2
-    assert p1.changed
+    pipeline: tuple[StrategyName, ...] = ("truncate", "prune", "trim")
+    shared = plan(history, pipeline, budget, simple_count, 0)
+    p1 = plan(one, pipeline, budget, simple_count, 0)
+    p2 = plan(two, pipeline, budget, simple_count, 0)
+    assert shared.events  # the shared history was compacted: cut, pruned and truncated
+    assert shared.truncated
+    assert shared.pruned_before > shared.head
+    assert p2.tokens_before - p1.tokens_before > 500  # really different requests
+
+    def state(p: Plan) -> tuple[Any, ...]:
+        return (p.cut, p.dropped, p.truncated, p.pruned_before, p.events)
+
+    assert state(p1) == state(shared)
+    assert state(p2) == state(shared)
+    prefix = render(history, shared)
+    assert render(one, p1)[: len(prefix)] == prefix
+    assert render(two, p2)[: len(prefix)] == prefix
 
 
 SUMMARIZE: tuple[StrategyName, ...] = ("truncate", "prune", "summarize")

@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from app.body import add_include_usage, parse_chat_body, read_body
-from app.errors import UpstreamTimeout, UpstreamUnavailable
+from app.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
 from app.relay import RelayResponse, RelayResult, buffered_response
 from app.settings import Settings
 from app.sse_tap import SSETap, Usage
@@ -88,8 +88,12 @@ class ChatService:
 
     async def handle(self, request: Request, client_key_id: str | None = None) -> Response:
         started = time.perf_counter()
-        raw = await read_body(request, self._settings.max_body_bytes)
-        body = parse_chat_body(raw)
+        try:
+            raw = await read_body(request, self._settings.max_body_bytes)
+            body = parse_chat_body(raw)
+        except ProxyError as exc:
+            await self.reject(exc, client_key_id, started)
+            raise
         exchange = Exchange(
             model=body["model"],
             stream=body.get("stream") is True,
@@ -99,6 +103,37 @@ class ChatService:
             client_key_id=client_key_id,
             started=started,
         )
+        try:
+            return await self._forward(request, exchange)
+        except ProxyError as exc:
+            if not exchange.status:  # not recorded yet: refused by the proxy, or upstream broke
+                exchange.status = exc.status_code
+                upstream_failed = isinstance(exc, UpstreamTimeout | UpstreamUnavailable)
+                exchange.outcome = "upstream_error" if upstream_failed else "rejected"
+                await self._finish(exchange)
+            raise
+
+    async def reject(
+        self, error: ProxyError, client_key_id: str | None, started: float | None = None
+    ) -> None:
+        """Record a request refused before its body was read (401, 413, bad JSON or shape)."""
+        await self._finish(
+            Exchange(
+                model="",
+                stream=False,
+                raw=b"",
+                body={},
+                forward=b"",
+                client_key_id=client_key_id,
+                status=error.status_code,
+                outcome="rejected",
+                started=started if started is not None else time.perf_counter(),
+            )
+        )
+
+    async def _forward(self, request: Request, exchange: Exchange) -> Response:
+        """Compact, send (retrying once after an overflow the compactor recovers), relay."""
+        started = exchange.started
         route = self._upstream.route(exchange.model)
         if self._compactor is not None:
             await self._compactor.prepare(request.headers, exchange, route.base_url)

@@ -32,7 +32,7 @@ from app.summarize import Summaries
 from app.summarizer import Completer, SummaryPrompt
 from app.tokens import ChatTokenCounter
 from app.upstream import Upstream, summary_completer
-from app.usage import UsageQueue, UsageStore
+from app.usage import UsageQueue, UsageRecord, UsageStore
 
 logger = logging.getLogger(__name__)
 
@@ -95,20 +95,23 @@ def create_app(
     queue = UsageQueue(store)
     metrics = Metrics(lambda: queue.depth, counter.calibration_factors)
 
+    def submit(record: UsageRecord) -> None:
+        metrics.observe(record)
+        queue.submit(record)
+
     async def on_done(exchange: Exchange) -> None:
         usage = exchange.usage
         if usage is not None and usage.prompt_tokens and exchange.outcome == "completed":
             counter.observe(exchange.model, exchange.body, usage.prompt_tokens)
         for record in records_for(exchange):
-            metrics.observe(record)
-            queue.submit(record)
+            submit(record)
 
     state = AppState(
         settings=settings,
         upstream=upstream,
         keys=KeyChecker(settings.api_keys),
         chat=ChatService(settings, upstream, compactor=compactor, on_done=on_done),
-        passthrough=PassthroughService(settings, upstream),
+        passthrough=PassthroughService(settings, upstream, record=submit),
         counter=counter,
         windows=windows,
         compactor=compactor,

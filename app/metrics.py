@@ -31,7 +31,10 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
-            "inflight_requests", "Proxied chat requests", ["model", "status", "stream"], registry=r
+            "inflight_requests",
+            "Chat requests answered (proxy-rejected ones too)",
+            ["model", "status", "stream"],
+            registry=r,
         )
         self.latency = Histogram(
             "inflight_request_latency_seconds", "Chat request latency", ["model"],
@@ -53,6 +56,10 @@ class Metrics:
         self.upstream_errors = Counter(
             "inflight_upstream_errors", "Upstream errors and broken streams", ["status"], registry=r
         )
+        self.passthrough = Counter(
+            "inflight_passthrough_requests", "Requests relayed by passthrough routes, by API",
+            ["route", "status"], registry=r,
+        )  # fmt: skip
         self.summaries = Counter(
             "inflight_summary_calls", "Summary calls made upstream", ["model"], registry=r
         )
@@ -64,6 +71,9 @@ class Metrics:
         )
 
     def observe(self, record: UsageRecord) -> None:
+        if record.kind == "passthrough":
+            self.passthrough.labels(record.route or "", str(record.status)).inc()
+            return
         if record.kind == "summary":
             self.summaries.labels(record.model).inc()
             self._tokens(record)
@@ -72,6 +82,8 @@ class Metrics:
         self.latency.labels(record.model).observe(record.latency_ms / 1000)
         if record.ttfb_ms is not None:
             self.ttfb.labels(record.model).observe(record.ttfb_ms / 1000)
+        if record.outcome == "rejected":  # never forwarded: no tokens, nothing saved
+            return
         self._tokens(record)
         self.saved.labels(record.model).inc(max(0, record.tokens_before - record.tokens_after))
         for strategy in record.strategies:

@@ -25,18 +25,47 @@ def _n(value: float) -> str:
     return f"{value:.0f}"
 
 
+def percent(share: float) -> str:
+    """A share as a percentage, capped: a runaway value prints as `>999%`, not `1549%`."""
+    return ">999%" if share > 9.99 else f"{share:.0%}"
+
+
+def _saved_line(stats: Mapping[str, Any], bar_width: int) -> str:
+    """Tokens removed by compaction against the tokens before it: both the proxy's estimates."""
+    saved = stats.get("tokens_saved", 0)
+    before = stats.get("tokens_estimated_before", 0)
+    line = f"saved (estimate) {_n(saved):>10}"
+    if before:
+        share = saved / before
+        line += f"   {bar(share, 1, bar_width)} {percent(share)} of {_n(before)} est. before"
+    return line
+
+
+def _outcome_lines(stats: Mapping[str, Any]) -> list[str]:
+    lines = []
+    outcomes = stats.get("by_outcome", {})
+    if outcomes:
+        parts = [f"{name} {n}" for name, n in sorted(outcomes.items(), key=lambda kv: -kv[1])]
+        lines.append("outcomes         " + ", ".join(parts))
+    passthrough = stats.get("passthrough", {})
+    if passthrough.get("requests"):
+        routes = passthrough.get("routes", {})
+        parts = [f"{name} {n}" for name, n in sorted(routes.items(), key=lambda kv: -kv[1])]
+        lines.append(f"passthrough      {passthrough['requests']:>10}   " + ", ".join(parts))
+    return lines
+
+
 def render_stats(stats: Mapping[str, Any], width: int = 80) -> str:
     bar_width = max(10, width - 50)
     lines = ["inflight usage", "=" * min(width, 60)]
-    tokens_in = stats.get("tokens_in", 0)
-    saved = stats.get("tokens_saved", 0)
-    share = saved / (tokens_in + saved) if tokens_in + saved else 0.0
     lines += [
         f"requests         {stats.get('requests', 0):>10}   "
         f"summary calls {stats.get('summary_calls', 0)}",
-        f"tokens in        {_n(tokens_in):>10}   cached {_n(stats.get('tokens_cached', 0))}",
+        *_outcome_lines(stats),
+        f"tokens in        {_n(stats.get('tokens_in', 0)):>10}   "
+        f"cached {_n(stats.get('tokens_cached', 0))}",
         f"tokens out       {_n(stats.get('tokens_out', 0)):>10}",
-        f"saved (compact)  {_n(saved):>10}   {bar(share, 1, bar_width)} {share:.0%}",
+        _saved_line(stats, bar_width),
         "",
         f"{'model':<28}{'requests':>9}{'tokens in':>11}  share of tokens in",
     ]
@@ -51,7 +80,7 @@ def render_stats(stats: Mapping[str, Any], width: int = 80) -> str:
     if windows:
         lines += ["", "window used by recent requests (after compaction)"]
         for name, value in sorted(windows.items()):
-            lines.append(f"  {name[:26]:<26} {bar(value, 1, bar_width)} {value:.0%}")
+            lines.append(f"  {name[:26]:<26} {bar(value, 1, bar_width)} {percent(value)}")
     compactions = stats.get("compactions", {})
     if compactions:
         lines += ["", "compactions by strategy"]

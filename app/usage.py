@@ -1,8 +1,10 @@
 """Usage records and the write queue that keeps the request path off the disk.
 
-Every proxied chat request becomes one `UsageRecord` (and each summary call one more, with
-`kind="summary"`). `UsageQueue.submit` never waits: records go to an in-memory queue, a
-background task writes them in batches, and `close()` flushes what is left on shutdown.
+Every chat request the proxy answers becomes one `UsageRecord` — including those it refuses
+itself (`outcome="rejected"`) — each summary call one more (`kind="summary"`), and each request
+relayed by a passthrough route one (`kind="passthrough"`, counted apart from chat).
+`UsageQueue.submit` never waits: records go to an in-memory queue, a background task writes
+them in batches, and `close()` flushes what is left on shutdown.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ from typing import Any, Literal, Protocol
 
 logger = logging.getLogger(__name__)
 
-Outcome = Literal["completed", "client_disconnected", "upstream_error"]
-Kind = Literal["chat", "summary"]
+Outcome = Literal["completed", "client_disconnected", "upstream_error", "rejected"]
+Kind = Literal["chat", "summary", "passthrough"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +43,7 @@ class UsageRecord:
     tokens_after: int
     strategies: tuple[str, ...]
     context_limit: int | None
+    route: str | None = None  # the client's route (`/v1/chat/completions`, `/v1/responses`…)
 
 
 class UsageStore(Protocol):

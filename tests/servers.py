@@ -9,6 +9,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+import anyio
 import uvicorn
 
 from app.stores.sqlite import SQLiteStore
@@ -59,3 +60,7 @@ class WatchedStore(SQLiteStore):
             if not self._written.wait_for(lambda: len(self.records) >= count, timeout):
                 raise AssertionError(f"{len(self.records)} usage records, expected {count}")
             return list(self.records)
+
+    async def written(self, count: int) -> list[UsageRecord]:
+        """`wait_for` from async code: waits in a worker thread, so the writer can run."""
+        return await anyio.to_thread.run_sync(self.wait_for, count)

@@ -13,6 +13,7 @@ from fastapi import FastAPI
 from app.factory import create_app
 from tests.conftest import make_settings
 from tests.fake_upstream import FakeUpstream
+from tests.servers import WatchedStore
 
 pytestmark = pytest.mark.anyio
 
@@ -247,3 +248,55 @@ async def test_not_ready_when_upstream_unreachable(tmp_path: Path) -> None:
     app = await _app_with(tmp_path, httpx.MockTransport(refuse))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://p") as c:
         assert (await c.get("/readyz")).status_code == 503
+
+
+async def test_every_request_answered_is_recorded_with_its_status_and_outcome(
+    tmp_path: Path, fake: FakeUpstream
+) -> None:
+    """What the proxy refuses itself (400, 401, 413) is in the usage table and `/stats` as
+    `rejected`; passthrough routes (`/v1/responses` today) are counted apart."""
+    store = WatchedStore()
+    app = create_app(
+        make_settings(tmp_path, api_keys="k1", max_body_bytes=2000),
+        transport=httpx.ASGITransport(app=fake.app),
+        store=store,
+    )
+    key = {"authorization": "Bearer k1"}
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://p") as c,
+    ):
+        sent = [
+            await c.post("/v1/chat/completions", json={**CHAT, "messages": []}, headers=key),
+            await c.post("/v1/chat/completions", json={"messages": CHAT["messages"]}, headers=key),
+            await c.post(
+                "/v1/chat/completions", json=CHAT, headers={**key, "x-compaction-strategy": "x"}
+            ),
+            await c.post("/v1/chat/completions", json=CHAT),
+            await c.post("/v1/chat/completions", content=b"x" * 3000, headers=key),
+            await c.post("/v1/chat/completions", json={**CHAT, "stream": True}, headers=key),
+            await c.post("/v1/responses", json={"model": "m", "input": "hi"}, headers=key),
+            await c.get("/v1/models", headers=key),
+        ]
+        assert [r.status_code for r in sent] == [400, 400, 400, 401, 413, 200, 200, 200]
+        records = await store.written(8)
+        stats = (await c.get("/stats", headers=key)).json()
+    chat = sorted((r.status, r.outcome, r.model) for r in records if r.kind == "chat")
+    assert chat == [
+        (200, "completed", "gpt-4o-mini"),
+        (400, "rejected", ""),
+        (400, "rejected", ""),
+        (400, "rejected", "gpt-4o-mini"),  # the bad header: the body was read by then
+        (401, "rejected", ""),
+        (413, "rejected", ""),
+    ]
+    assert stats["requests"] == 6
+    assert stats["by_outcome"] == {"completed": 1, "rejected": 5}
+    assert stats["by_status"] == {"200": 1, "400": 3, "401": 1, "413": 1}
+    assert list(stats["models"]) == ["gpt-4o-mini"]
+    assert stats["passthrough"] == {
+        "requests": 2,
+        "by_status": {"200": 2},
+        "by_outcome": {"completed": 2},
+        "routes": {"/v1/responses": 1, "/v1/models": 1},
+    }

@@ -12,8 +12,9 @@ import anyio
 import pytest
 
 from app.metrics import Metrics
-from app.stats_view import bar, render_stats
+from app.stats_view import bar, percent, render_stats
 from app.stores import open_store
+from app.stores.sql import SCHEMA_VERSION
 from app.usage import UsageQueue, UsageRecord, UsageStore
 from tests.pg_server import postgres_url
 
@@ -194,6 +195,71 @@ async def test_two_postgres_writers_share_one_table(pg: str) -> None:
         await two.close()
 
 
+# The table as schema version 1 created it (no `route`): a store must upgrade it in place.
+V1_TABLE = """CREATE TABLE inflight_usage (
+    ts DOUBLE PRECISION NOT NULL, request_id TEXT NOT NULL, kind TEXT NOT NULL,
+    model TEXT NOT NULL, client_key_id TEXT, stream INTEGER NOT NULL, status INTEGER NOT NULL,
+    outcome TEXT NOT NULL, latency_ms DOUBLE PRECISION NOT NULL, ttfb_ms DOUBLE PRECISION,
+    prompt_tokens BIGINT, completion_tokens BIGINT, cached_tokens BIGINT,
+    tokens_before BIGINT NOT NULL, tokens_after BIGINT NOT NULL, strategies TEXT NOT NULL,
+    context_limit BIGINT)"""
+V1_ROW = (
+    "INSERT INTO inflight_usage VALUES "
+    "(1.0, 'old', 'chat', 'm', NULL, 0, 200, 'completed', 1.0, NULL, 10, 1, 0, 20, 10, '', 8192)"
+)
+
+
+async def check_upgrade(store: UsageStore, version: Any) -> None:
+    """An old table keeps its rows and gains the new columns; opening twice is harmless."""
+    await store.open()
+    await store.open()
+    try:
+        await store.write_many([record(1, route="/v1/chat/completions")])
+        totals = await store.totals()
+        assert totals["requests"] == 2
+        assert totals["tokens_saved"] == 10 + 100
+        assert await version() == SCHEMA_VERSION
+    finally:
+        await store.close()
+
+
+async def test_sqlite_store_upgrades_a_version_1_table(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE inflight_schema (version INTEGER NOT NULL)")
+        conn.execute("INSERT INTO inflight_schema VALUES (1)")
+        conn.execute(V1_TABLE)
+        conn.execute(V1_ROW)
+
+    async def version() -> int:
+        with sqlite3.connect(path) as conn:
+            return int(conn.execute("SELECT version FROM inflight_schema").fetchone()[0])
+
+    await check_upgrade(open_store(f"sqlite:///{path}"), version)
+
+
+@pytest.mark.postgres
+async def test_postgres_store_upgrades_a_version_1_table(pg: str) -> None:
+    import psycopg
+
+    async with await psycopg.AsyncConnection.connect(pg, autocommit=True) as conn:
+        await conn.execute("DROP TABLE IF EXISTS inflight_usage, inflight_schema")
+        await conn.execute("CREATE TABLE inflight_schema (version INTEGER NOT NULL)")
+        await conn.execute("INSERT INTO inflight_schema VALUES (1)")
+        await conn.execute(V1_TABLE)
+        await conn.execute(V1_ROW)
+
+    async def version() -> int:
+        async with await psycopg.AsyncConnection.connect(pg, autocommit=True) as conn:
+            row = await (await conn.execute("SELECT version FROM inflight_schema")).fetchone()
+            assert row is not None
+            return int(row[0])
+
+    await check_upgrade(open_store(pg), version)
+
+
 def test_unknown_database_scheme_is_an_error() -> None:
     with pytest.raises(ValueError, match="mysql"):
         open_store("mysql://x")
@@ -204,6 +270,8 @@ def test_metrics_render_the_series() -> None:
     metrics.observe(record(0))
     metrics.observe(record(1, status=502, outcome="upstream_error"))
     metrics.observe(record(2, kind="summary"))
+    metrics.observe(record(3, kind="passthrough", model="", route="/v1/responses"))
+    metrics.observe(record(5, status=400, outcome="rejected", model="", tokens_before=0))
     text = metrics.render().decode()
     for series in (
         'inflight_requests_total{model="m0",status="200",stream="true"} 1.0',
@@ -212,6 +280,8 @@ def test_metrics_render_the_series() -> None:
         'inflight_compactions_total{strategy="prune"} 1.0',
         'inflight_upstream_errors_total{status="502"} 1.0',
         'inflight_summary_calls_total{model="m2"} 1.0',
+        'inflight_passthrough_requests_total{route="/v1/responses",status="200"} 1.0',
+        'inflight_requests_total{model="",status="400",stream="false"} 1.0',
         "inflight_usage_queue_depth 7.0",
         'inflight_calibration_factor{model="llama-3"} 1.12',
         "inflight_request_latency_seconds_bucket",
@@ -231,10 +301,12 @@ def test_bar() -> None:
 def test_render_stats_is_exact() -> None:
     stats = {
         "requests": 10, "summary_calls": 1, "tokens_in": 3000, "tokens_out": 200,
-        "tokens_cached": 1000, "tokens_saved": 1000,
+        "tokens_cached": 1000, "tokens_saved": 1000, "tokens_estimated_before": 4000,
+        "by_outcome": {"completed": 8, "rejected": 2},
+        "passthrough": {"requests": 3, "routes": {"/v1/responses": 2, "/v1/models": 1}},
         "models": {
             "gpt-4o": {"requests": 6, "tokens_in": 2000, "recent_window_share": 0.5},
-            "llama": {"requests": 4, "tokens_in": 1000},
+            "llama": {"requests": 4, "tokens_in": 1000, "recent_window_share": 15.49},
         },
         "compactions": {"trim": 4, "prune": 2},
         "calibration": {"llama": 1.1},
@@ -244,9 +316,12 @@ def test_render_stats_is_exact() -> None:
         "inflight usage",
         "=" * 60,
         "requests                 10   summary calls 1",
+        "outcomes         completed 8, rejected 2",
+        "passthrough               3   /v1/responses 2, /v1/models 1",
         "tokens in              3.0k   cached 1.0k",
         "tokens out              200",
-        "saved (compact)        1.0k   ██▌        25%",
+        # estimate against estimate: 1,000 of the 4,000 estimated before compaction
+        "saved (estimate)       1.0k   ██▌        25% of 4.0k est. before",
         "",
         "model                        requests  tokens in  share of tokens in",
         "gpt-4o                              6       2.0k  ██████████",
@@ -254,6 +329,7 @@ def test_render_stats_is_exact() -> None:
         "",
         "window used by recent requests (after compaction)",
         "  gpt-4o                     █████      50%",
+        "  llama                      ██████████ >999%",
         "",
         "compactions by strategy",
         "  trim                       ██████████ 4",
@@ -262,6 +338,49 @@ def test_render_stats_is_exact() -> None:
         "token calibration factors",
         "  llama                      ×1.100",
     ]
+
+
+@pytest.mark.parametrize(
+    ("share", "shown"),
+    [(0.0, "0%"), (0.994, "99%"), (1.5, "150%"), (9.99, "999%"), (18.9, ">999%")],
+)
+def test_percent_is_capped(share: float, shown: str) -> None:
+    assert percent(share) == shown
+
+
+async def test_window_share_and_savings_count_only_what_the_upstream_accepted(
+    tmp_path: Path,
+) -> None:
+    """A 5 MB prompt the upstream refused must not move `recent_window_share` (it made it 18.9),
+    and `saved_share` compares the proxy's estimates before and after, never a real count."""
+
+    def refused(before: int, after: int) -> dict[str, Any]:
+        return {"model": "m", "status": 400, "prompt_tokens": None, "tokens_before": before,
+                "tokens_after": after}  # fmt: skip
+
+    store = open_store(f"sqlite:///{tmp_path / 'usage.db'}")
+    await store.open()
+    try:
+        await store.write_many(
+            [
+                record(0, model="m", tokens_before=8000, tokens_after=4000, prompt_tokens=3000),
+                record(1, model="m", tokens_before=2000, tokens_after=2000, prompt_tokens=1500),
+                # Refused by the upstream, then by the proxy itself (never forwarded).
+                record(2, outcome="upstream_error", **refused(before=1_300_000, after=1_300_000)),
+                record(3, outcome="rejected", context_limit=None, **refused(9000, 3000)),
+            ]
+        )
+        totals = await store.totals()
+    finally:
+        await store.close()
+    model = totals["models"]["m"]
+    assert model["recent_window_share"] == round((4000 / 8192 + 2000 / 8192) / 2, 4)
+    # Saved: 4,000 of 8,000 + 2,000 + 1,300,000 estimated; the request the proxy itself
+    # rejected was never forwarded, so nothing was saved on it.
+    assert totals["tokens_saved"] == model["tokens_saved"] == 4000
+    assert totals["tokens_estimated_before"] == 1_310_000
+    assert totals["saved_share"] == model["saved_share"] == round(4000 / 1_310_000, 4)
+    assert totals["by_outcome"] == {"completed": 2, "upstream_error": 1, "rejected": 1}
 
 
 async def test_recording_can_be_turned_off() -> None:

@@ -16,4 +16,4 @@ METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 # document (and one route with several methods would repeat one operation id).
 @router.api_route("/v1/{path:path}", methods=METHODS, response_model=None, include_in_schema=False)
 async def passthrough(path: str, request: Request, state: State, client: ClientKey) -> Response:
-    return await state.passthrough.handle(request, "/" + path)
+    return await state.passthrough.handle(request, "/" + path, client)

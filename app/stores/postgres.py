@@ -29,12 +29,15 @@ class PostgresStore:
             await self._conn.execute("SELECT pg_advisory_xact_lock(7241)")
             for statement in sql.CREATE:
                 await self._conn.execute(statement)
-            cursor = await self._conn.execute("SELECT COUNT(*) FROM inflight_schema")
+            cursor = await self._conn.execute("SELECT MAX(version) FROM inflight_schema")
             row = await cursor.fetchone()
-            if row is not None and row[0] == 0:
+            version = row[0] if row is not None else None
+            if version is None:
                 await self._conn.execute(
                     "INSERT INTO inflight_schema (version) VALUES (%s)", (sql.SCHEMA_VERSION,)
                 )
+            for statement in sql.migrations_from(version or sql.SCHEMA_VERSION):
+                await self._conn.execute(statement)
 
     def _connection(self) -> psycopg.AsyncConnection[Any]:
         if self._conn is None:

@@ -1,4 +1,8 @@
-"""The usage table and its queries, shared by the SQLite and PostgreSQL stores."""
+"""The usage table and its queries, shared by the SQLite and PostgreSQL stores.
+
+Schema versions: 1 had no `route`; 2 adds `route` (the client's route: `/v1/chat/completions`
+for chat records, `/v1/<api>` for passthrough records, empty for summary calls).
+"""
 
 from __future__ import annotations
 
@@ -7,12 +11,12 @@ from typing import Any
 
 from app.usage import UsageRecord
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 COLUMNS = (
     "ts", "request_id", "kind", "model", "client_key_id", "stream", "status", "outcome",
     "latency_ms", "ttfb_ms", "prompt_tokens", "completion_tokens", "cached_tokens",
-    "tokens_before", "tokens_after", "strategies", "context_limit",
+    "tokens_before", "tokens_after", "strategies", "context_limit", "route",
 )  # fmt: skip
 
 CREATE = [
@@ -34,11 +38,28 @@ CREATE = [
         tokens_before BIGINT NOT NULL,
         tokens_after BIGINT NOT NULL,
         strategies TEXT NOT NULL,
-        context_limit BIGINT
+        context_limit BIGINT,
+        route TEXT
     )""",
     "CREATE INDEX IF NOT EXISTS inflight_usage_ts ON inflight_usage (ts)",
     "CREATE INDEX IF NOT EXISTS inflight_usage_model ON inflight_usage (model)",
 ]
+
+
+# Statements that bring a table of schema version N-1 to version N (run in order, in one
+# transaction, by the one process that holds the store's migration lock).
+MIGRATIONS: dict[int, list[str]] = {
+    2: ["ALTER TABLE inflight_usage ADD COLUMN route TEXT"],
+}
+
+
+def migrations_from(version: int) -> list[str]:
+    """The statements that bring a table at `version` to `SCHEMA_VERSION` (the version row's
+    update included)."""
+    statements = [sql for v in sorted(MIGRATIONS) if v > version for sql in MIGRATIONS[v]]
+    if version < SCHEMA_VERSION:
+        statements.append(f"UPDATE inflight_schema SET version = {SCHEMA_VERSION}")
+    return statements
 
 
 def insert_sql(placeholder: str) -> str:
@@ -66,25 +87,71 @@ def rows(records: Sequence[UsageRecord]) -> list[tuple[Any, ...]]:
             r.tokens_after,
             ",".join(r.strategies),
             r.context_limit,
+            r.route,
         )
         for r in records
     ]
 
 
 TOTALS = """
-SELECT model, kind, status, outcome, COUNT(*), COALESCE(SUM(prompt_tokens), 0),
-       COALESCE(SUM(completion_tokens), 0), COALESCE(SUM(cached_tokens), 0),
-       COALESCE(SUM(tokens_before - tokens_after), 0)
-FROM inflight_usage GROUP BY model, kind, status, outcome
+SELECT model, kind, status, outcome, COALESCE(route, ''), COUNT(*),
+       COALESCE(SUM(prompt_tokens), 0), COALESCE(SUM(completion_tokens), 0),
+       COALESCE(SUM(cached_tokens), 0), COALESCE(SUM(tokens_before - tokens_after), 0),
+       COALESCE(SUM(tokens_before), 0)
+FROM inflight_usage GROUP BY model, kind, status, outcome, COALESCE(route, '')
 """
 STRATEGIES = """
 SELECT strategies, COUNT(*) FROM inflight_usage WHERE kind = 'chat' AND strategies <> ''
 GROUP BY strategies
 """
+# Only requests the upstream accepted: a rejected giant prompt says nothing about the window
+# that the requests which went through use.
 RECENT = """
 SELECT model, tokens_after, context_limit FROM inflight_usage
-WHERE kind = 'chat' AND context_limit IS NOT NULL ORDER BY ts DESC LIMIT 200
+WHERE kind = 'chat' AND context_limit IS NOT NULL AND status >= 200 AND status < 300
+ORDER BY ts DESC LIMIT 200
 """
+
+
+def _model_entry() -> dict[str, Any]:
+    return {
+        "requests": 0,
+        "tokens_in": 0,
+        "tokens_out": 0,
+        "tokens_saved": 0,
+        "tokens_estimated_before": 0,
+        "summary_calls": 0,
+        "summary_tokens": 0,
+    }
+
+
+def _passthrough_entry() -> dict[str, Any]:
+    return {"requests": 0, "by_status": {}, "by_outcome": {}, "routes": {}}
+
+
+def _bump(counts: dict[str, int], key: str, n: int) -> None:
+    counts[key] = counts.get(key, 0) + n
+
+
+def _saved_share(saved: int, before: int) -> float:
+    """Tokens removed by compaction over the tokens there were before it, both the proxy's own
+    estimate (never the upstream's real count on one side and an estimate on the other)."""
+    return round(saved / before, 4) if before > 0 else 0.0
+
+
+def _add_chat(totals: dict[str, Any], entry: dict[str, Any] | None, row: Sequence[Any]) -> None:
+    _model, _kind, status, outcome, _route, n, _p, _c, _cached, saved, before = row
+    totals["requests"] += n
+    _bump(totals["by_status"], str(status), n)
+    _bump(totals["by_outcome"], outcome, n)
+    if entry is not None:
+        entry["requests"] += n
+    if outcome == "rejected":  # never forwarded: nothing was saved on its way upstream
+        return
+    for target in (totals, entry):
+        if target is not None:
+            target["tokens_saved"] += int(saved)
+            target["tokens_estimated_before"] += int(before)
 
 
 def summarize(
@@ -93,43 +160,58 @@ def summarize(
     recent: Iterable[Sequence[Any]],
 ) -> dict[str, Any]:
     """The JSON shape of `/stats` (and `inflight stats`) from the three queries above."""
-    totals = {"requests": 0, "summary_calls": 0, "tokens_in": 0, "tokens_out": 0,
-              "tokens_cached": 0, "tokens_saved": 0}  # fmt: skip
-    by_status: dict[str, int] = {}
-    by_outcome: dict[str, int] = {}
+    totals: dict[str, Any] = {"requests": 0, "summary_calls": 0, "tokens_in": 0,
+        "tokens_out": 0, "tokens_cached": 0, "tokens_saved": 0, "tokens_estimated_before": 0,
+        "by_status": {}, "by_outcome": {}}  # fmt: skip
     models: dict[str, dict[str, Any]] = {}
-    for model, kind, status, outcome, n, p, c, cached, saved in groups:
-        entry = models.setdefault(
-            model,
-            {
-                "requests": 0,
-                "tokens_in": 0,
-                "tokens_out": 0,
-                "tokens_saved": 0,
-                "summary_calls": 0,
-                "summary_tokens": 0,
-            },
-        )
+    passthrough = _passthrough_entry()
+    for row in groups:
+        model, kind, status, outcome, route, n, p, c, cached = row[:9]
+        if kind == "passthrough":
+            passthrough["requests"] += n
+            _bump(passthrough["by_status"], str(status), n)
+            _bump(passthrough["by_outcome"], outcome, n)
+            _bump(passthrough["routes"], route, n)
+            continue
+        # A request refused before its body was read has no model: counted, but under no model.
+        entry = models.setdefault(model, _model_entry()) if model else None
         if kind == "summary":
             totals["summary_calls"] += n
-            entry["summary_calls"] += n
-            entry["summary_tokens"] += int(p) + int(c)
+            if entry is not None:
+                entry["summary_calls"] += n
+                entry["summary_tokens"] += int(p) + int(c)
         else:
-            totals["requests"] += n
-            entry["requests"] += n
-            by_status[str(status)] = by_status.get(str(status), 0) + n
-            by_outcome[outcome] = by_outcome.get(outcome, 0) + n
-            entry["tokens_saved"] += int(saved)
-            totals["tokens_saved"] += int(saved)
+            _add_chat(totals, entry, row)
         totals["tokens_in"] += int(p)
         totals["tokens_out"] += int(c)
         totals["tokens_cached"] += int(cached)
-        entry["tokens_in"] += int(p)
-        entry["tokens_out"] += int(c)
+        if entry is not None:
+            entry["tokens_in"] += int(p)
+            entry["tokens_out"] += int(c)
+    for target in (totals, *models.values()):
+        target["saved_share"] = _saved_share(
+            target["tokens_saved"], target["tokens_estimated_before"]
+        )
+    _add_window_shares(models, recent)
+    return {
+        **totals,
+        "compactions": _compactions(strategies),
+        "models": models,
+        "passthrough": passthrough,
+    }
+
+
+def _compactions(strategies: Iterable[Sequence[Any]]) -> dict[str, int]:
     compactions: dict[str, int] = {}
     for names, n in strategies:
         for name in str(names).split(","):
-            compactions[name] = compactions.get(name, 0) + n
+            _bump(compactions, name, n)
+    return compactions
+
+
+def _add_window_shares(models: dict[str, dict[str, Any]], recent: Iterable[Sequence[Any]]) -> None:
+    """`recent_window_share`: the mean share of its window a model's recent accepted requests
+    used after compaction (by the proxy's estimate, so it may exceed 1 when that is high)."""
     shares: dict[str, list[float]] = {}
     for model, after, limit in recent:
         if limit:
@@ -137,10 +219,3 @@ def summarize(
     for model, values in shares.items():
         if model in models:
             models[model]["recent_window_share"] = round(sum(values) / len(values), 4)
-    return {
-        **totals,
-        "by_status": by_status,
-        "by_outcome": by_outcome,
-        "compactions": compactions,
-        "models": models,
-    }

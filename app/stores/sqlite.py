@@ -28,10 +28,22 @@ class SQLiteStore:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.execute("PRAGMA busy_timeout=5000")
-        for statement in sql.CREATE:
-            conn.execute(statement)
-        if conn.execute("SELECT COUNT(*) FROM inflight_schema").fetchone()[0] == 0:
-            conn.execute("INSERT INTO inflight_schema (version) VALUES (?)", (sql.SCHEMA_VERSION,))
+        conn.execute("BEGIN IMMEDIATE")  # one process at a time creates or migrates the schema
+        try:
+            for statement in sql.CREATE:
+                conn.execute(statement)
+            row = conn.execute("SELECT MAX(version) FROM inflight_schema").fetchone()
+            if row[0] is None:
+                conn.execute(
+                    "INSERT INTO inflight_schema (version) VALUES (?)", (sql.SCHEMA_VERSION,)
+                )
+            for statement in sql.migrations_from(row[0] or sql.SCHEMA_VERSION):
+                conn.execute(statement)
+            conn.execute("COMMIT")
+        except sqlite3.Error:
+            conn.execute("ROLLBACK")
+            conn.close()
+            raise
         self._conn = conn
 
     async def open(self) -> None:

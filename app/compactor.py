@@ -32,6 +32,7 @@ from app.overflow import parse_overflow
 from app.settings import OnOverflow, Settings
 from app.summarize import Summaries, SummaryJob, summary_budget
 from app.summarizer import Completer, SummaryFailed, SummaryUsage
+from app.summary_stats import count_fallback, summary_outcome
 from app.tokens import TokenCounter
 
 CompleterFactory = Callable[[str, Mapping[str, str]], Completer]
@@ -200,7 +201,8 @@ class CompactionService:
             if isinstance(exc, TimeoutError):
                 self._summaries.mark_failed(job)
             why = str(exc) if isinstance(exc, SummaryFailed) else f"summary took over {deadline:g}s"
-            logger.warning("summary failed for %s, falling back to trim: %s", model, why)
+            reason = count_fallback(job.complete, exc)  # counted in /stats and /metrics
+            logger.warning("summary failed (%s) for %s, trim instead: %s", reason, model, why)
             trimmed = tuple("trim" if s == "summarize" else s for s in pipeline)
             return compact(messages, trimmed, budget, count, fixed), job.usage, why
         result = compact(
@@ -283,6 +285,7 @@ def preview_report(preview: Preview) -> dict[str, Any]:
         "pinned_head_units": plan.head,
         "units": len(plan.units),
         "compaction_events": len(plan.events),
+        "summary": summary_outcome(result.applied, preview.summary_usage.calls, preview.fallback),
     }
 
 

@@ -30,6 +30,7 @@ from app.stores import open_store
 from app.summaries import SingleFlight, open_cache
 from app.summarize import Summaries
 from app.summarizer import Completer, SummaryPrompt
+from app.summary_stats import CountedCompleter, SummaryStats
 from app.tokens import ChatTokenCounter
 from app.upstream import Upstream, summary_completer
 from app.usage import UsageQueue, UsageRecord, UsageStore
@@ -86,14 +87,17 @@ def create_app(
     cache = open_cache(settings.cache_url)
     summaries = Summaries(prompt, SingleFlight(cache))
 
+    summary_stats = SummaryStats()
+
     def completer_for(model: str, headers: Mapping[str, str]) -> Completer:
-        return summary_completer(upstream, model, headers, settings.summary_timeout)
+        complete = summary_completer(upstream, model, headers, settings.summary_timeout)
+        return CountedCompleter(complete, summary_stats)
 
     compactor = CompactionService(settings, counter, windows, summaries, completer_for)
 
     store = store if store is not None else open_store(settings.database_url)
     queue = UsageQueue(store)
-    metrics = Metrics(lambda: queue.depth, counter.calibration_factors)
+    metrics = Metrics(lambda: queue.depth, counter.calibration_factors, summary_stats)
 
     def submit(record: UsageRecord) -> None:
         metrics.observe(record)

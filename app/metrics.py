@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -12,10 +12,39 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
+from app.summary_stats import SummaryStats
 from app.usage import UsageRecord
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+class _SummaryCollector(Collector):
+    """Summary call failures and fallbacks by reason, read from `SummaryStats` at scrape time."""
+
+    def __init__(self, stats: SummaryStats) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        failures = CounterMetricFamily(
+            "inflight_summary_failures", "Summary calls that failed, by reason", labels=["reason"]
+        )
+        for reason, n in sorted(self._stats.failures.items()):
+            failures.add_metric([reason], n)
+        fallbacks = CounterMetricFamily(
+            "inflight_summary_fallbacks",
+            "Requests whose summary failed and that fell back to trim, by reason",
+            labels=["reason"],
+        )
+        for reason, n in sorted(self._stats.fallbacks.items()):
+            fallbacks.add_metric([reason], n)
+        attempts = CounterMetricFamily(
+            "inflight_summary_attempts", "Summary calls sent upstream (failed ones too)"
+        )
+        attempts.add_metric([], self._stats.calls)
+        yield from (failures, fallbacks, attempts)
 
 
 class Metrics:
@@ -27,9 +56,12 @@ class Metrics:
         self,
         queue_depth: Callable[[], float],
         calibration: Callable[[], dict[str, float]],
+        summary_stats: SummaryStats | None = None,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        self.summary_stats = summary_stats if summary_stats is not None else SummaryStats()
+        r.register(_SummaryCollector(self.summary_stats))
         self.requests = Counter(
             "inflight_requests",
             "Chat requests answered (proxy-rejected ones too)",

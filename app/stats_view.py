@@ -45,13 +45,29 @@ def _outcome_lines(stats: Mapping[str, Any]) -> list[str]:
     lines = []
     outcomes = stats.get("by_outcome", {})
     if outcomes:
-        parts = [f"{name} {n}" for name, n in sorted(outcomes.items(), key=lambda kv: -kv[1])]
-        lines.append("outcomes         " + ", ".join(parts))
+        lines.append("outcomes         " + _by_reason(outcomes))
     passthrough = stats.get("passthrough", {})
     if passthrough.get("requests"):
-        routes = passthrough.get("routes", {})
-        parts = [f"{name} {n}" for name, n in sorted(routes.items(), key=lambda kv: -kv[1])]
-        lines.append(f"passthrough      {passthrough['requests']:>10}   " + ", ".join(parts))
+        routes = _by_reason(passthrough.get("routes", {}))
+        lines.append(f"passthrough      {passthrough['requests']:>10}   {routes}")
+    return lines
+
+
+def _by_reason(counts: Mapping[str, int]) -> str:
+    return ", ".join(f"{name} {n}" for name, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def _summary_lines(stats: Mapping[str, Any]) -> list[str]:
+    """Summary calls of this proxy process: how many failed and how many requests fell back."""
+    summaries = stats.get("summaries", {})
+    if not summaries.get("calls") and not summaries.get("fallbacks"):
+        return []
+    failures, fallbacks = summaries.get("failures", {}), summaries.get("fallbacks", {})
+    lines = ["", f"summary calls since start {summaries.get('calls', 0)}"]
+    if failures:
+        lines.append(f"  failed      {sum(failures.values()):>6}   {_by_reason(failures)}")
+    if fallbacks:
+        lines.append(f"  fell back   {sum(fallbacks.values()):>6}   {_by_reason(fallbacks)}")
     return lines
 
 
@@ -87,6 +103,7 @@ def render_stats(stats: Mapping[str, Any], width: int = 80) -> str:
         most = max(compactions.values())
         for name, count in sorted(compactions.items(), key=lambda kv: -kv[1]):
             lines.append(f"  {name:<26} {bar(count, most, bar_width)} {count}")
+    lines += _summary_lines(stats)
     factors = stats.get("calibration", {})
     if factors:
         lines += ["", "token calibration factors"]

@@ -309,6 +309,8 @@ def test_render_stats_is_exact() -> None:
             "llama": {"requests": 4, "tokens_in": 1000, "recent_window_share": 15.49},
         },
         "compactions": {"trim": 4, "prune": 2},
+        "summaries": {"calls": 5, "failures": {"timeout": 1, "http_500": 2},
+                      "fallbacks": {"deadline": 1}},
         "calibration": {"llama": 1.1},
     }  # fmt: skip
     text = render_stats(stats, width=60)
@@ -334,6 +336,10 @@ def test_render_stats_is_exact() -> None:
         "compactions by strategy",
         "  trim                       ██████████ 4",
         "  prune                      █████      2",
+        "",
+        "summary calls since start 5",
+        "  failed           3   http_500 2, timeout 1",
+        "  fell back        1   deadline 1",
         "",
         "token calibration factors",
         "  llama                      ×1.100",

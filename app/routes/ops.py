@@ -33,6 +33,7 @@ async def stats(state: State, client: ClientKey) -> dict[str, Any]:
     totals = await state.store.totals()
     return {
         **totals,
+        "summaries": state.metrics.summary_stats.snapshot(),
         "calibration": state.counter.calibration_factors(),
         "token_counting": {
             "heuristic_for": list(state.encodings_missing),

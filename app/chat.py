@@ -47,6 +47,7 @@ class Exchange:
     request_headers: dict[str, str] = field(default_factory=dict)
     summary_usage: Any = None
     summary_model: str | None = None
+    original: dict[str, Any] | None = None  # the body as the client sent it (for the baseline)
 
 
 class Compactor(Protocol):
@@ -102,6 +103,7 @@ class ChatService:
             forward=raw,
             client_key_id=client_key_id,
             started=started,
+            original=body,
         )
         try:
             return await self._forward(request, exchange)

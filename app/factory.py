@@ -14,16 +14,20 @@ from starlette.responses import Response
 
 from app import __version__
 from app.auth import KeyChecker
+from app.banner import log_banner
 from app.chat import ChatService, Exchange
 from app.compactor import CompactionService
+from app.dashboard.assets import DashboardAssets
 from app.discovery import discover_window
 from app.encodings import load_encodings
 from app.errors import BadRequest, ProxyError, proxy_error_handler
 from app.limits import ModelTable, WindowRegistry
 from app.metrics import Metrics
 from app.passthrough import PassthroughService
+from app.pricing.meter import CostMeter
+from app.pricing.table import PriceTable
 from app.recording import records_for
-from app.routes import chat, compaction, ops, passthrough
+from app.routes import chat, compaction, dashboard, ops, passthrough
 from app.settings import Settings
 from app.state import AppState
 from app.stores import open_store
@@ -74,7 +78,7 @@ def create_app(
 ) -> FastAPI:
     """The ASGI app. `transport` lets tests put a fake upstream behind the pooled client, and
     `store` replaces the usage store `DATABASE_URL` names."""
-    table = ModelTable.load(settings.config_dir / "models.toml")
+    table = ModelTable.load(settings.config_file("models.toml"))
     upstream = Upstream(settings, routes=table, transport=transport)
     encodings = load_encodings()
     counter = ChatTokenCounter(encodings, table)
@@ -83,7 +87,7 @@ def create_app(
         return await discover_window(upstream, base_url, model)
 
     windows = WindowRegistry(table, discover, ttl=settings.discovery_ttl)
-    prompt = SummaryPrompt.load(settings.config_dir / "summary_prompt.md")
+    prompt = SummaryPrompt.load(settings.config_file("summary_prompt.md"))
     cache = open_cache(settings.cache_url)
     summaries = Summaries(prompt, SingleFlight(cache))
 
@@ -95,6 +99,7 @@ def create_app(
 
     compactor = CompactionService(settings, counter, windows, summaries, completer_for)
 
+    meter = CostMeter(PriceTable.load(settings.config_file("prices.toml")))
     store = store if store is not None else open_store(settings.database_url)
     queue = UsageQueue(store)
     metrics = Metrics(lambda: queue.depth, counter.calibration_factors, summary_stats)
@@ -108,7 +113,7 @@ def create_app(
         if usage is not None and usage.prompt_tokens and exchange.outcome == "completed":
             counter.observe(exchange.model, exchange.body, usage.prompt_tokens)
         for record in records_for(exchange):
-            submit(record)
+            submit(meter.priced(record, exchange.original))
 
     state = AppState(
         settings=settings,
@@ -127,6 +132,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        log_banner(settings, encodings.missing)
         await store.open()
         await queue.start()
         try:
@@ -145,5 +151,6 @@ def create_app(
     app.include_router(ops.router)
     app.include_router(chat.router)
     app.include_router(compaction.router)
+    app.include_router(dashboard.build_router(DashboardAssets.load()))
     app.include_router(passthrough.router)
     return app

@@ -95,6 +95,12 @@ class Metrics:
         self.summaries = Counter(
             "inflight_summary_calls", "Summary calls made upstream", ["model"], registry=r
         )
+        self.cost = Counter(
+            "inflight_cost_usd", "USD at list prices: actual (summary calls included) and the "
+            "uncompacted baseline", ["kind"], registry=r,
+        )  # fmt: skip
+        for kind in ("actual", "baseline"):
+            self.cost.labels(kind)  # both series exist from the start, at 0
         self.queue = Gauge("inflight_usage_queue_depth", "Usage records waiting", registry=r)
         self.queue.set_function(queue_depth)
         self._calibration = calibration
@@ -103,6 +109,10 @@ class Metrics:
         )
 
     def observe(self, record: UsageRecord) -> None:
+        if record.cost is not None:
+            self.cost.labels("actual").inc(record.cost)
+        if record.baseline_cost is not None:
+            self.cost.labels("baseline").inc(record.baseline_cost)
         if record.kind == "passthrough":
             self.passthrough.labels(record.route or "", str(record.status)).inc()
             return

@@ -53,6 +53,41 @@ def _outcome_lines(stats: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def usd(value: float) -> str:
+    """Dollars: four decimals under $1 (a request costs fractions of a cent), else two."""
+    sign = "-" if value < 0 else ""
+    return f"{sign}${abs(value):,.4f}" if abs(value) < 1 else f"{sign}${abs(value):,.2f}"
+
+
+def _cost_lines(stats: Mapping[str, Any]) -> list[str]:
+    """Dollars at list prices, actual against the uncompacted baseline (DESIGN.md §9)."""
+    cost = stats.get("cost")
+    if not cost:
+        return []
+    baseline, saved = cost.get("baseline", 0.0), cost.get("saved", 0.0)
+    share = f"   {percent(saved / baseline)} of the baseline" if baseline > 0 else ""
+    lines = [
+        "",
+        "dollars (list prices)       spent   without inflight      saved",
+        f"  {'all models':<22}{usd(cost.get('actual', 0.0)):>10}{usd(baseline):>19}"
+        f"{usd(saved):>11}{share}",
+    ]
+    models = stats.get("models", {})
+    by_spend = sorted(models.items(), key=lambda kv: -kv[1].get("cost", {}).get("actual", 0))
+    for name, entry in by_spend:
+        c = entry.get("cost")
+        if c and (c.get("actual") or c.get("baseline")):
+            lines.append(
+                f"  {name[:21]:<22}{usd(c['actual']):>10}{usd(c['baseline']):>19}"
+                f"{usd(c['saved']):>11}"
+            )
+    lines.append(
+        f"  of which summary calls {usd(cost.get('summaries', 0.0))}; "
+        f"unpriced requests {cost.get('unpriced_requests', 0)}"
+    )
+    return lines
+
+
 def _by_reason(counts: Mapping[str, int]) -> str:
     return ", ".join(f"{name} {n}" for name, n in sorted(counts.items(), key=lambda kv: -kv[1]))
 
@@ -82,6 +117,7 @@ def render_stats(stats: Mapping[str, Any], width: int = 80) -> str:
         f"cached {_n(stats.get('tokens_cached', 0))}",
         f"tokens out       {_n(stats.get('tokens_out', 0)):>10}",
         _saved_line(stats, bar_width),
+        *_cost_lines(stats),
         "",
         f"{'model':<28}{'requests':>9}{'tokens in':>11}  share of tokens in",
     ]

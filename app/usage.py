@@ -44,6 +44,9 @@ class UsageRecord:
     strategies: tuple[str, ...]
     context_limit: int | None
     route: str | None = None  # the client's route (`/v1/chat/completions`, `/v1/responses`…)
+    cache_write_tokens: int | None = None  # prompt tokens written to the cache (Anthropic)
+    cost: float | None = None  # USD at list price (DESIGN.md §9); None: the model is unpriced
+    baseline_cost: float | None = None  # USD the same request would have cost uncompacted
 
 
 class UsageStore(Protocol):
@@ -54,6 +57,10 @@ class UsageStore(Protocol):
     async def write_many(self, records: Sequence[UsageRecord]) -> None: ...
 
     async def totals(self) -> dict[str, Any]: ...
+
+    async def activity(self, since: float, bucket: int, recent: int) -> dict[str, Any]:
+        """`series`: usage in `bucket`-second buckets from `since`; `recent`: the last requests."""
+        ...
 
     async def ping(self) -> bool: ...
 

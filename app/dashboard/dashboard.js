@@ -4,13 +4,12 @@
 "use strict";
 (() => {
   const REFRESH_MS = 5000;
-  const BUCKET_SECONDS = 60;
-  const WINDOW_SECONDS = 3600;
   const RECENT = 20;
   const SVG = "http://www.w3.org/2000/svg";
 
   let key = null;
   let timer = null;
+  let range = { window: 3600, bucket: 60 };
 
   class Unauthorized extends Error {}
 
@@ -213,7 +212,7 @@
   }
 
   async function refresh() {
-    const query = "?bucket=" + BUCKET_SECONDS + "&window=" + WINDOW_SECONDS + "&recent=" + RECENT;
+    const query = "?bucket=" + range.bucket + "&window=" + range.window + "&recent=" + RECENT;
     try {
       const [stats, timeseries] = await Promise.all([get("/stats"), get("/stats/timeseries" + query)]);
       render(stats, timeseries);
@@ -228,7 +227,18 @@
     }
   }
 
+  function chooseRange(button) {
+    range = { window: Number(button.dataset.window), bucket: Number(button.dataset.bucket) };
+    for (const other of document.querySelectorAll("#ranges button")) {
+      other.classList.toggle("active", other === button);
+    }
+    if (key !== null || !$("board").hidden) refresh();
+  }
+
   document.addEventListener("DOMContentLoaded", () => {
+    for (const button of document.querySelectorAll("#ranges button")) {
+      button.addEventListener("click", () => chooseRange(button));
+    }
     $("key-form").addEventListener("submit", (event) => {
       event.preventDefault();
       key = $("key-input").value.trim() || null;

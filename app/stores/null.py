@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from app.stores.sql import summarize
+from app.pricing.report import add_costs
+from app.stores.sql import activity, summarize
 from app.usage import UsageRecord
 
 
@@ -19,7 +20,10 @@ class NullStore:
         return None
 
     async def totals(self) -> dict[str, Any]:
-        return summarize([], [], [])
+        return add_costs(summarize([], [], []), [])
+
+    async def activity(self, since: float, bucket: int, recent: int) -> dict[str, Any]:
+        return activity([], [])
 
     async def ping(self) -> bool:
         return True

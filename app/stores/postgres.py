@@ -8,6 +8,7 @@ from typing import Any
 
 import psycopg
 
+from app.pricing.report import add_costs
 from app.stores import sql
 from app.usage import UsageRecord
 
@@ -55,7 +56,17 @@ class PostgresStore:
             groups = await (await conn.execute(sql.TOTALS)).fetchall()
             strategies = await (await conn.execute(sql.STRATEGIES)).fetchall()
             recent = await (await conn.execute(sql.RECENT)).fetchall()
-        return sql.summarize(groups, strategies, recent)
+            costs = await (await conn.execute(sql.COSTS)).fetchall()
+        return add_costs(sql.summarize(groups, strategies, recent), costs)
+
+    async def activity(self, since: float, bucket: int, recent: int) -> dict[str, Any]:
+        conn = self._connection()
+        series = sql.series_sql("%s", "FLOOR(ts / %s) * %s")
+        latest = sql.RECENT_REQUESTS.format(placeholder="%s")
+        async with self._lock:
+            buckets = await (await conn.execute(series, (bucket, bucket, since))).fetchall()
+            rows = await (await conn.execute(latest, (recent,))).fetchall()
+        return sql.activity(buckets, rows)
 
     async def ping(self) -> bool:
         try:

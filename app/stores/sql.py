@@ -1,7 +1,8 @@
 """The usage table and its queries, shared by the SQLite and PostgreSQL stores.
 
 Schema versions: 1 had no `route`; 2 adds `route` (the client's route: `/v1/chat/completions`
-for chat records, `/v1/<api>` for passthrough records, empty for summary calls).
+for chat records, `/v1/<api>` for passthrough records, empty for summary calls); 3 adds
+`cache_write_tokens`, `cost` and `baseline_cost` (USD, DESIGN.md §9; NULL: unpriced model).
 """
 
 from __future__ import annotations
@@ -11,12 +12,13 @@ from typing import Any
 
 from app.usage import UsageRecord
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 COLUMNS = (
     "ts", "request_id", "kind", "model", "client_key_id", "stream", "status", "outcome",
     "latency_ms", "ttfb_ms", "prompt_tokens", "completion_tokens", "cached_tokens",
     "tokens_before", "tokens_after", "strategies", "context_limit", "route",
+    "cache_write_tokens", "cost", "baseline_cost",
 )  # fmt: skip
 
 CREATE = [
@@ -39,7 +41,10 @@ CREATE = [
         tokens_after BIGINT NOT NULL,
         strategies TEXT NOT NULL,
         context_limit BIGINT,
-        route TEXT
+        route TEXT,
+        cache_write_tokens BIGINT,
+        cost DOUBLE PRECISION,
+        baseline_cost DOUBLE PRECISION
     )""",
     "CREATE INDEX IF NOT EXISTS inflight_usage_ts ON inflight_usage (ts)",
     "CREATE INDEX IF NOT EXISTS inflight_usage_model ON inflight_usage (model)",
@@ -50,6 +55,11 @@ CREATE = [
 # transaction, by the one process that holds the store's migration lock).
 MIGRATIONS: dict[int, list[str]] = {
     2: ["ALTER TABLE inflight_usage ADD COLUMN route TEXT"],
+    3: [
+        "ALTER TABLE inflight_usage ADD COLUMN cache_write_tokens BIGINT",
+        "ALTER TABLE inflight_usage ADD COLUMN cost DOUBLE PRECISION",
+        "ALTER TABLE inflight_usage ADD COLUMN baseline_cost DOUBLE PRECISION",
+    ],
 }
 
 
@@ -88,6 +98,9 @@ def rows(records: Sequence[UsageRecord]) -> list[tuple[Any, ...]]:
             ",".join(r.strategies),
             r.context_limit,
             r.route,
+            r.cache_write_tokens,
+            r.cost,
+            r.baseline_cost,
         )
         for r in records
     ]
@@ -111,6 +124,57 @@ SELECT model, tokens_after, context_limit FROM inflight_usage
 WHERE kind = 'chat' AND context_limit IS NOT NULL AND status >= 200 AND status < 300
 ORDER BY ts DESC LIMIT 200
 """
+
+# Dollars by model and kind (DESIGN.md §9): USD, USD, requests with no price.
+COSTS = """
+SELECT model, kind, COALESCE(SUM(cost), 0), COALESCE(SUM(baseline_cost), 0),
+       SUM(CASE WHEN cost IS NULL THEN 1 ELSE 0 END)
+FROM inflight_usage WHERE kind <> 'passthrough' GROUP BY model, kind
+"""
+RECENT_REQUESTS = """
+SELECT ts, model, tokens_before, tokens_after, strategies, latency_ms, status, outcome, stream,
+       prompt_tokens, completion_tokens, cached_tokens, cost, baseline_cost
+FROM inflight_usage WHERE kind = 'chat' ORDER BY ts DESC LIMIT {placeholder}
+"""
+
+
+def series_sql(placeholder: str, bucket_start: str) -> str:
+    """Usage per time bucket from a start time; `bucket_start` is the dialect's expression of a
+    record's bucket (parameters: bucket, bucket, since)."""
+    return f"""
+SELECT {bucket_start} AS bucket, kind, COUNT(*), COALESCE(SUM(prompt_tokens), 0),
+       COALESCE(SUM(completion_tokens), 0), COALESCE(SUM(cached_tokens), 0),
+       COALESCE(SUM(CASE WHEN outcome = 'rejected' THEN 0
+                         ELSE tokens_before - tokens_after END), 0),
+       COALESCE(SUM(cost), 0), COALESCE(SUM(baseline_cost), 0)
+FROM inflight_usage WHERE ts >= {placeholder} AND kind <> 'passthrough'
+GROUP BY bucket, kind ORDER BY bucket
+"""
+
+
+def activity(series: Iterable[Sequence[Any]], recent: Iterable[Sequence[Any]]) -> dict[str, Any]:
+    """The JSON shape of `/stats/timeseries` from `series_sql` and `RECENT_REQUESTS` rows."""
+    buckets: dict[int, dict[str, Any]] = {}
+    for start, kind, n, p, c, cached, saved, cost, baseline in series:
+        b = buckets.setdefault(int(start), {"ts": int(start), "requests": 0, "summary_calls": 0,
+            "tokens_in": 0, "tokens_out": 0, "tokens_cached": 0, "tokens_saved": 0,
+            "cost_actual": 0.0, "cost_baseline": 0.0})  # fmt: skip
+        b["summary_calls" if kind == "summary" else "requests"] += n
+        if kind != "summary":
+            b["tokens_saved"] += int(saved)
+        b["tokens_in"] += int(p)
+        b["tokens_out"] += int(c)
+        b["tokens_cached"] += int(cached)
+        b["cost_actual"] += float(cost)
+        b["cost_baseline"] += float(baseline)
+    names = ("ts", "model", "tokens_before", "tokens_after", "strategies", "latency_ms",
+             "status", "outcome", "stream", "prompt_tokens", "completion_tokens",
+             "cached_tokens", "cost", "baseline_cost")  # fmt: skip
+    rows = [dict(zip(names, row, strict=True)) for row in recent]
+    for row in rows:
+        row["strategies"] = [s for s in str(row["strategies"]).split(",") if s]
+        row["stream"] = bool(row["stream"])
+    return {"series": [buckets[k] for k in sorted(buckets)], "recent": rows}
 
 
 def _model_entry() -> dict[str, Any]:

@@ -8,6 +8,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from app.pricing.report import add_costs
 from app.stores import sql
 from app.usage import UsageRecord
 
@@ -64,10 +65,22 @@ class SQLiteStore:
 
     async def totals(self) -> dict[str, Any]:
         def read(conn: sqlite3.Connection) -> dict[str, Any]:
-            return sql.summarize(
+            stats = sql.summarize(
                 conn.execute(sql.TOTALS).fetchall(),
                 conn.execute(sql.STRATEGIES).fetchall(),
                 conn.execute(sql.RECENT).fetchall(),
+            )
+            return add_costs(stats, conn.execute(sql.COSTS).fetchall())
+
+        result: dict[str, Any] = await asyncio.to_thread(self._run, read)
+        return result
+
+    async def activity(self, since: float, bucket: int, recent: int) -> dict[str, Any]:
+        def read(conn: sqlite3.Connection) -> dict[str, Any]:
+            series = sql.series_sql("?", "CAST(ts / ? AS INTEGER) * ?")
+            return sql.activity(
+                conn.execute(series, (bucket, bucket, since)).fetchall(),
+                conn.execute(sql.RECENT_REQUESTS.format(placeholder="?"), (recent,)).fetchall(),
             )
 
         result: dict[str, Any] = await asyncio.to_thread(self._run, read)

@@ -1,0 +1,86 @@
+"""`CostMeter`: prices each usage record as it is made, actual and uncompacted baseline.
+
+One per app (built in `create_app`); it owns the bounded `PromptHistory` the baseline needs.
+Summary calls cost what they cost and have no baseline (the uncompacted request makes none).
+A record without upstream usage costs nothing, except a stream the client abandoned: the
+upstream read its prompt, so that is priced from the proxy's own count of what was sent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from app.pricing.cost import Billed, baseline_billed, dollars
+from app.pricing.history import PromptHistory, conversation_items, conversation_key
+from app.pricing.table import ModelPrice, PriceTable
+from app.usage import UsageRecord
+
+
+@dataclass(frozen=True, slots=True)
+class Costs:
+    """USD of one record; both None when its model is unpriced."""
+
+    actual: float | None
+    baseline: float | None
+
+
+UNPRICED = Costs(None, None)
+
+
+def billed_of(record: UsageRecord) -> Billed:
+    """The record's tokens by billing category."""
+    prompt = record.prompt_tokens
+    if prompt is None and record.outcome == "client_disconnected":
+        prompt = record.tokens_after
+    return Billed(
+        prompt=prompt or 0,
+        cached=record.cached_tokens or 0,
+        cache_write=record.cache_write_tokens or 0,
+        completion=record.completion_tokens or 0,
+    )
+
+
+class CostMeter:
+    """Prices records against a `PriceTable`, remembering prompts for the baseline."""
+
+    def __init__(self, table: PriceTable) -> None:
+        self.table = table
+        self._history = PromptHistory(table.baseline.conversations)
+
+    def priced(self, record: UsageRecord, body: Mapping[str, Any] | None) -> UsageRecord:
+        """`record` with its `cost` and `baseline_cost` (passthrough records stay unpriced)."""
+        if record.kind == "passthrough":
+            return record
+        costs = self.costs(record, body)
+        return replace(record, cost=costs.actual, baseline_cost=costs.baseline)
+
+    def costs(self, record: UsageRecord, body: Mapping[str, Any] | None) -> Costs:
+        """`body` is the request as the client sent it (before compaction), if there is one."""
+        price = self.table.lookup(record.model)
+        if price is None:
+            return UNPRICED
+        billed = billed_of(record)
+        actual = dollars(price, billed)
+        if record.kind != "chat" or billed.prompt == 0:
+            return Costs(actual, 0.0 if record.kind != "chat" else actual)
+        return Costs(actual, self._baseline(price, record, billed, body))
+
+    def _baseline(
+        self,
+        price: ModelPrice,
+        record: UsageRecord,
+        billed: Billed,
+        body: Mapping[str, Any] | None,
+    ) -> float:
+        rules = self.table.baseline
+        removed = max(0, record.tokens_before - record.tokens_after)
+        items = conversation_items(body) if body is not None else None
+        if body is None or items is None:
+            return dollars(price, baseline_billed(price, rules, billed, removed, 0))
+        key = conversation_key(record.model, body, items)
+        prompt = billed.prompt + removed
+        ttl = rules.ttl(price.caching)
+        reusable = self._history.observe(key, items, prompt, record.ts, ttl)
+        return dollars(price, baseline_billed(price, rules, billed, removed, reusable))

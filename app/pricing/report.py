@@ -1,0 +1,52 @@
+"""The `cost` object of `/stats` (DESIGN.md §9), in total and per model, from summed records."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+DIGITS = 9  # nano-dollars: one gpt-5-nano token costs $0.00000005
+
+
+@dataclass(slots=True)
+class CostTally:
+    """Sums of one scope (all traffic, or one model)."""
+
+    actual: float = 0.0
+    baseline: float = 0.0
+    summaries: float = 0.0
+    unpriced_requests: int = 0
+
+    def add(self, kind: str, actual: float, baseline: float, unpriced: int) -> None:
+        self.actual += actual
+        if kind == "summary":
+            self.summaries += actual  # a cost of compaction: in `actual`, never in `baseline`
+            return
+        self.baseline += baseline
+        self.unpriced_requests += unpriced
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "currency": "USD",
+            "actual": round(self.actual, DIGITS),
+            "baseline": round(self.baseline, DIGITS),
+            "saved": round(self.baseline - self.actual, DIGITS),
+            "summaries": round(self.summaries, DIGITS),
+            "unpriced_requests": self.unpriced_requests,
+        }
+
+
+def add_costs(stats: dict[str, Any], rows: Iterable[Sequence[Any]]) -> dict[str, Any]:
+    """Put `cost` into `stats` and each of its `models`; `rows` are (model, kind, cost,
+    baseline cost, records without a price) sums by model and kind."""
+    total = CostTally()
+    by_model: dict[str, CostTally] = {}
+    for model, kind, actual, baseline, unpriced in rows:
+        values = (str(kind), float(actual), float(baseline), int(unpriced))
+        total.add(*values)
+        by_model.setdefault(str(model), CostTally()).add(*values)
+    stats["cost"] = total.as_json()
+    for name, entry in stats.get("models", {}).items():
+        entry["cost"] = by_model.get(name, CostTally()).as_json()
+    return stats

@@ -5,13 +5,15 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import logging
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from app.settings import Settings
+from app.settings import Settings, config_file, packaged_config_dir
 
 
 def _is_loopback(host: str) -> bool:
@@ -24,10 +26,34 @@ def _is_loopback(host: str) -> bool:
 
 
 def _settings(overrides: dict[str, Any]) -> Settings:
+    """Settings from the environment and the flags; a bad value exits with one line per error
+    naming the variable, never a traceback."""
     try:
         return Settings(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as exc:
-        raise SystemExit(f"inflight: invalid configuration:\n{exc}") from exc
+        problems = [
+            (f"INFLIGHT_{'_'.join(map(str, e['loc'])).upper()}" if e["loc"] else "configuration")
+            + ": "
+            + str(e["msg"]).removeprefix("Value error, ")
+            for e in exc.errors()
+        ]
+        raise SystemExit("\n".join(f"inflight: {p}" for p in problems)) from None
+
+
+def _config_dir(value: str | None) -> Path | None:
+    """`--config` (else `INFLIGHT_CONFIG_DIR`) of `count` and `simulate`: an existing directory,
+    or None for the packaged defaults."""
+    value = value or os.environ.get("INFLIGHT_CONFIG_DIR") or None
+    if value is None:
+        return None
+    path = Path(value)
+    if not path.is_dir():
+        raise SystemExit(f"inflight: config directory not found: {path.absolute()}")
+    return path
+
+
+def _listen_url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -45,8 +71,14 @@ def _serve(args: argparse.Namespace) -> int:
         )
         return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    try:
+        app = create_app(settings)
+    except (OSError, ValueError) as exc:  # a config file that cannot be read or parsed
+        print(f"inflight: {exc}", file=sys.stderr)
+        return 2
+    logging.getLogger("app.startup").info("listening on %s", _listen_url(args.host, args.port))
     uvicorn.run(
-        create_app(settings),
+        app,
         host=args.host,
         port=args.port,
         proxy_headers=args.proxy_headers,
@@ -107,8 +139,6 @@ def _counter() -> Any:
 
 
 def _count(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     import orjson
 
     from app.limits import ModelTable, output_reserve
@@ -119,7 +149,7 @@ def _count(args: argparse.Namespace) -> int:
     body: dict[str, Any] = orjson.loads(Path(args.file).read_bytes())
     body = body if isinstance(body, dict) else {"messages": messages}
     counter = _counter()
-    table = ModelTable.load(Path(args.config) / "models.toml")
+    table = ModelTable.load(config_file(_config_dir(args.config), "models.toml"))
     entry = table.lookup(model)
     window = entry.context_window if entry is not None else table.fallback_window
     tokens = counter.count_request(model, body)
@@ -140,8 +170,6 @@ def _count(args: argparse.Namespace) -> int:
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from app.compaction.policy import parse_strategy
     from app.errors import InvalidControl
     from app.limits import ModelTable
@@ -153,7 +181,7 @@ def _simulate(args: argparse.Namespace) -> int:
         print(f"inflight: {exc.message}", file=sys.stderr)
         return 2
     counter = _counter()
-    table = ModelTable.load(Path(args.config) / "models.toml")
+    table = ModelTable.load(config_file(_config_dir(args.config), "models.toml"))
     results = {}
     window = 0
     for name in args.traces:
@@ -189,43 +217,121 @@ def _simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="inflight", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every flag's default in its help; where the default is "unset", the help says what then
+    happens instead of printing `(default: None)`."""
 
-    serve = sub.add_parser("serve", help="run the proxy")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8787)
-    serve.add_argument("--upstream", help="upstream base URL (INFLIGHT_UPSTREAM_URL)")
-    serve.add_argument("--config", help="config directory (INFLIGHT_CONFIG_DIR)")
-    serve.add_argument("--proxy-headers", action="store_true", help="trust X-Forwarded-*")
-    serve.add_argument("--forwarded-allow-ips", default="127.0.0.1")
-    serve.add_argument("--graceful-timeout", type=float, default=30.0)
-    serve.add_argument("--log-level", default="info")
-    serve.set_defaults(handler=_serve)
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or isinstance(action.default, bool):
+            return action.help
+        return super()._get_help_string(action)
 
-    stats = sub.add_parser("stats", help="usage and compaction totals as a table")
+
+def _subcommand(sub: Any, name: str, help_text: str, handler: Any) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = sub.add_parser(
+        name, help=help_text, description=help_text, formatter_class=_HelpFormatter
+    )
+    parser.set_defaults(handler=handler)
+    return parser
+
+
+def _config_help() -> str:
+    return (
+        "directory with models.toml, summary_prompt.md, prices.toml; a file it lacks comes from "
+        f"the packaged defaults (default: $INFLIGHT_CONFIG_DIR, else {packaged_config_dir()})"
+    )
+
+
+def _add_serve(sub: Any) -> None:
+    serve = _subcommand(sub, "serve", "run the proxy", _serve)
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    serve.add_argument("--port", type=int, default=8787, help="port to listen on")
+    serve.add_argument(
+        "--upstream",
+        help="upstream base URL, ending in /v1 (default: $INFLIGHT_UPSTREAM_URL, else "
+        f"{Settings.model_fields['upstream_url'].default})",
+    )
+    serve.add_argument("--config", help=_config_help())
+    serve.add_argument(
+        "--proxy-headers",
+        action="store_true",
+        help="trust X-Forwarded-For/-Proto from --forwarded-allow-ips (default: off)",
+    )
+    serve.add_argument(
+        "--forwarded-allow-ips",
+        default="127.0.0.1",
+        help="comma list of proxy addresses whose X-Forwarded-* are trusted ('*': any)",
+    )
+    serve.add_argument(
+        "--graceful-timeout",
+        type=float,
+        default=30.0,
+        help="seconds streams in flight may finish after SIGTERM",
+    )
+    serve.add_argument(
+        "--log-level",
+        default="info",
+        type=str.lower,
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="log level of the proxy and uvicorn",
+    )
+
+
+def _add_stats(sub: Any) -> None:
+    stats = _subcommand(sub, "stats", "usage and compaction totals as a table", _stats)
     stats.add_argument("--url", default="http://127.0.0.1:8787", help="a running proxy")
-    stats.add_argument("--key", default=None, help="proxy API key, if keys are configured")
-    stats.add_argument("--database-url", help="read the store directly instead")
-    stats.add_argument("--json", action="store_true", help="print the raw JSON")
-    stats.add_argument("--width", type=int, default=80)
-    stats.set_defaults(handler=_stats)
+    stats.add_argument(
+        "--key", help="proxy API key, when INFLIGHT_API_KEYS is set (default: none sent)"
+    )
+    stats.add_argument(
+        "--database-url",
+        help="read this usage store directly instead of asking the proxy (default: ask --url)",
+    )
+    stats.add_argument(
+        "--json", action="store_true", help="print the raw JSON of /stats (default: a table)"
+    )
+    stats.add_argument("--width", type=int, default=80, help="width of the table in columns")
 
-    count = sub.add_parser("count", help="token count of a request body or message list")
-    count.add_argument("file")
-    count.add_argument("--model")
-    count.add_argument("--config", default="config")
-    count.set_defaults(handler=_count)
 
-    sim = sub.add_parser("simulate", help="replay transcripts through the compaction engine")
-    sim.add_argument("traces", nargs="+")
-    sim.add_argument("--model")
-    sim.add_argument("--context-limit", type=int)
-    sim.add_argument("--strategy", default="auto")
-    sim.add_argument("--config", default="config")
-    sim.add_argument("--plot", help="write a PNG of tokens per turn (needs matplotlib)")
-    sim.set_defaults(handler=_simulate)
+def _add_count(sub: Any) -> None:
+    count = _subcommand(sub, "count", "token count of a request body or message list", _count)
+    count.add_argument("file", help="a JSON request body, or a JSON list of messages")
+    count.add_argument("--model", help="model to count for (default: the file's, else gpt-4o)")
+    count.add_argument("--config", help=_config_help())
+
+
+def _add_simulate(sub: Any) -> None:
+    sim = _subcommand(
+        sub, "simulate", "replay transcripts through the compaction engine", _simulate
+    )
+    sim.add_argument("traces", nargs="+", help="transcript files (JSON with 'messages')")
+    sim.add_argument("--model", help="model to plan for (default: the file's, else gpt-4o)")
+    sim.add_argument(
+        "--context-limit",
+        type=int,
+        help="window to assume (default: the model's from models.toml, else the fallback)",
+    )
+    sim.add_argument(
+        "--strategy",
+        default="auto",
+        help="auto, none, or a comma list of truncate, prune, trim, middle-out, summarize",
+    )
+    sim.add_argument("--config", help=_config_help())
+    sim.add_argument(
+        "--plot",
+        help="write a PNG of tokens per turn to this path (needs matplotlib; default: no plot)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="inflight", description=__doc__, formatter_class=_HelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_serve(sub)
+    _add_stats(sub)
+    _add_count(sub)
+    _add_simulate(sub)
     return parser
 
 

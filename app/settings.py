@@ -3,11 +3,46 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from importlib import resources
 from pathlib import Path
 from typing import Annotated
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+
+def packaged_config_dir() -> Path:
+    """The default config files shipped with the package: `app/config_defaults` in an installed
+    wheel (pyproject.toml maps the repository's `config/` there); in a source checkout, where
+    that directory does not exist, the checkout's `config/` itself."""
+    shipped = Path(str(resources.files("app"))) / "config_defaults"
+    return shipped if shipped.is_dir() else Path(__file__).resolve().parents[1] / "config"
+
+
+def config_file(config_dir: Path | None, name: str) -> Path:
+    """`name` from `config_dir` when that directory has it, else the packaged default: a custom
+    directory need only hold the files it changes."""
+    if config_dir is not None and (config_dir / name).is_file():
+        return config_dir / name
+    return packaged_config_dir() / name
+
+
+def redact_url(url: str) -> str:
+    """A URL fit for logs: the password and the query string (which may carry one) removed."""
+    parts = urlsplit(url)
+    if parts.password is None and not parts.query:
+        return url
+    host = parts.hostname or ""
+    if ":" in host:  # an IPv6 literal
+        host = f"[{host}]"
+    if parts.password is not None:
+        netloc = f"{parts.username or ''}:***@{host}"
+    else:
+        netloc = f"{parts.username}@{host}" if parts.username else host
+    if parts.port is not None:
+        netloc += f":{parts.port}"
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
 class OnOverflow(StrEnum):
@@ -29,7 +64,7 @@ class Settings(BaseSettings):
     upstream_url: str = "https://api.openai.com/v1"
     upstream_api_key: SecretStr | None = None
     api_keys: Annotated[tuple[SecretStr, ...], NoDecode] = ()
-    config_dir: Path = Path("config")
+    config_dir: Path | None = None  # unset: the packaged defaults (`packaged_config_dir`)
     strategy: str = "auto"
     threshold: float = Field(0.80, gt=0, le=1)
     target: float = Field(0.50, gt=0, le=1)
@@ -52,6 +87,17 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return tuple(k.strip() for k in value.split(",") if k.strip())
         return value
+
+    @field_validator("config_dir")
+    @classmethod
+    def _check_config_dir(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_dir():
+            raise ValueError(f"config directory not found: {value.absolute()}")
+        return value
+
+    def config_file(self, name: str) -> Path:
+        """The config file `name` this deployment uses (see `config_file`)."""
+        return config_file(self.config_dir, name)
 
     @field_validator("strategy")
     @classmethod

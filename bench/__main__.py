@@ -1,9 +1,9 @@
 """`python -m bench`: the benchmark report, each figure measured side by side in one run.
 
 Sections: added latency (inflight and LiteLLM vs a direct call), token accuracy and counting
-cost, prefix reuse against re-trimming baselines, planning cost. The llama.cpp sections (token
-accuracy, prompt-cache reuse, fact retention) run when `INFLIGHT_TEST_LLM_URL` points at
-../shared/local-llm.
+cost, prefix reuse against re-trimming baselines, planning cost, dollars at list prices. The
+llama.cpp sections (token accuracy, prompt-cache reuse, fact retention) run when
+`INFLIGHT_TEST_LLM_URL` points at ../shared/local-llm.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import platform
 import tempfile
 from contextlib import ExitStack
 
-from bench import cache, compaction, facts, latency, load, overhead, token_accuracy
+from bench import cache, compaction, cost, facts, latency, load, overhead, token_accuracy
 from bench.litellm import ensure_installed, litellm_proxy
 from bench.procs import bare_relay, fake_upstream, proxy, proxy_process
 
-SECTIONS = ("latency", "load", "tokens", "compaction", "cache", "facts")
+SECTIONS = ("latency", "load", "tokens", "compaction", "cost", "cache", "facts")
 
 
 def main() -> None:
@@ -75,6 +75,9 @@ def main() -> None:
         print("## Planning cost\n")
         print(compaction.planning_cost_report() + "\n")
         print(compaction.scaling_report() + "\n")
+    if "cost" in only:
+        print("## Dollars on transcript replays: inflight vs uncompacted, caching counted\n")
+        print(cost.report() + "\n")
     llm = os.environ.get("INFLIGHT_TEST_LLM_URL")
     if "cache" in only and llm:
         print("## Prompt-cache reuse on a real server (llama.cpp)\n")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import time
@@ -10,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from app.cli import main
+from app.cli import build_parser, main
 from app.usage import UsageRecord
 
 CONFIG = str(Path(__file__).resolve().parents[1] / "config")
@@ -122,3 +123,65 @@ def test_stats_unreachable_proxy(capsys: pytest.CaptureFixture[str]) -> None:
 def test_serve_refuses_an_open_proxy(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", "--host", "0.0.0.0", "--port", "0"]) == 2
     assert "INFLIGHT_API_KEYS" in capsys.readouterr().err
+
+
+def _subcommands() -> dict[str, argparse.ArgumentParser]:
+    parser = build_parser()
+    (sub,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(sub.choices)
+
+
+@pytest.mark.parametrize("command", ["serve", "stats", "count", "simulate"])
+def test_help_explains_every_flag_with_its_default(command: str) -> None:
+    parser = _subcommands()[command]
+    formatter = parser._get_formatter()
+    for action in parser._actions:
+        if isinstance(action, argparse._HelpAction):
+            continue
+        text = formatter._get_help_string(action) or ""
+        assert text.strip(), f"{command} {action.dest}: no help"
+        if action.option_strings:
+            assert "default" in text, f"{command} {action.option_strings[0]}: no default"
+    rendered = parser.format_help()
+    assert "(default: None)" not in rendered
+    if command == "serve":
+        for shown in ("(default: 127.0.0.1)", "(default: 8787)", "(default: info)"):
+            assert shown in rendered
+
+
+def test_serve_help_exits_cleanly(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", "--help"])
+    assert exit_info.value.code == 0
+    assert "--log-level" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", ["count", "simulate"])
+def test_a_missing_config_directory_is_one_line(tmp_path: Path, command: str) -> None:
+    body = tmp_path / "body.json"
+    body.write_text(json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}))
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, str(body), "--config", str(tmp_path / "nope")])
+    assert str(exit_info.value) == f"inflight: config directory not found: {tmp_path / 'nope'}"
+
+
+def test_invalid_settings_are_one_line_each(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INFLIGHT_THRESHOLD", "2")
+    monkeypatch.setenv("INFLIGHT_UPSTREAM_URL", "ftp://x")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", "--port", "0"])
+    lines = str(exit_info.value).splitlines()
+    assert len(lines) == 2
+    assert lines[0].startswith("inflight: INFLIGHT_UPSTREAM_URL: ")
+    assert lines[1].startswith("inflight: INFLIGHT_THRESHOLD: ")
+
+
+def test_count_without_config_uses_the_packaged_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    body = tmp_path / "body.json"
+    body.write_text(
+        json.dumps({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]})
+    )
+    assert main(["count", str(body)]) == 0
+    assert json.loads(capsys.readouterr().out)["limit_source"] == "table"

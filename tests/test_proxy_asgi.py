@@ -151,16 +151,26 @@ async def test_body_over_limit_is_413_while_streaming_without_reading_it_all(
     assert fake.requests == []
 
 
-async def test_unreachable_upstream_is_502(tmp_path: Path) -> None:
+async def test_unreachable_upstream_is_502_naming_it_and_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     def refuse(request: httpx.Request) -> httpx.Response:
         raise httpx.ConnectError("connection refused", request=request)
 
-    app = await _app_with(tmp_path, httpx.MockTransport(refuse))
+    app = await _app_with(
+        tmp_path, httpx.MockTransport(refuse), upstream_url="http://u:pw@upstream.test:8000/v1"
+    )
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://p") as c:
-        chat = await c.post("/v1/chat/completions", json=CHAT)
+        chat = await c.post("/v1/chat/completions?key=secret", json=CHAT)
         models = await c.get("/v1/models")
     assert_openai_error(chat, 502, "upstream_unavailable")
     assert_openai_error(models, 502, "upstream_unavailable")
+    where = "http://upstream.test:8000/v1/chat/completions"  # no credentials, no query
+    assert chat.json()["error"]["message"] == f"upstream {where} unreachable (ConnectError)"
+    assert "http://upstream.test:8000/v1/models" in models.json()["error"]["message"]
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert f"upstream {where} unreachable: ConnectError: connection refused" in warnings
+    assert not any("pw" in w or "secret" in w for w in warnings)
 
 
 async def test_broken_upstream_body_is_502(tmp_path: Path) -> None:
@@ -183,6 +193,7 @@ async def test_upstream_timeout_is_504(tmp_path: Path) -> None:
         other = await c.get("/v1/models")
     assert_openai_error(chat, 504, "upstream_timeout")
     assert_openai_error(other, 504, "upstream_timeout")
+    assert "upstream http://upstream.test/v1/chat/completions timed out" in chat.text
 
 
 @pytest.mark.parametrize("status", [400, 401, 404, 429, 500, 503])

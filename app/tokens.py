@@ -6,8 +6,9 @@ reasoning fields clients send back. Only `encode_ordinary` is used: user text ma
 `<|endoftext|>` and must be counted as text. Per-message raw counts are cached by content hash
 in a bounded LRU owned by the counter, so a growing conversation costs only its new messages.
 Model families without a tokenizer in tiktoken (Llama, Qwen, Mistral, Claude, Gemini …) use
-`heuristic_tokens`, corrected per model by the upstream's own `usage.prompt_tokens`
-(calibration: an exponential moving average, bounded).
+`heuristic_tokens`. Every model is corrected by the upstream's own `usage.prompt_tokens`
+(app/calibration.py: a factor on content plus the chat template's fixed cost per request and
+per message, fitted from recent responses, bounded, moving in steps).
 """
 
 from __future__ import annotations
@@ -24,6 +25,13 @@ from typing import Any, Protocol
 
 import orjson
 
+from app.calibration import (
+    EXACT_BOUNDS,
+    HEURISTIC_BOUNDS,
+    Calibration,
+    Correction,
+    Observation,
+)
 from app.encodings import EncodingSet, bare_model, family_encoding
 from app.heuristic import heuristic_tokens
 
@@ -41,15 +49,8 @@ IMAGE_BASE, IMAGE_TILE = 85, 170
 IMAGE_BASE_MINI, IMAGE_TILE_MINI = 2833, 5667  # gpt-4o-mini counts images at these rates
 IMAGE_UNKNOWN_SIZE = (1920, 1080)
 
-CALIBRATION_BOUNDS = (0.5, 2.0)  # heuristic-counted models
-EXACT_CALIBRATION_BOUNDS = (1.0, 1.1)  # tiktoken models: only hidden framing, never lower
-CALIBRATION_MIN_TOKENS = 64  # smaller prompts are mostly framing and teach nothing
-CALIBRATION_WEIGHT = 0.3
-# The factor applied to counts moves only when the running estimate drifts more than this share
-# away from it: plans depend on counts, so a factor that wandered with every response would move
-# compaction cuts between turns and defeat upstream prefix caching (DESIGN.md §4.7).
-CALIBRATION_DEADBAND = 0.02
 LONG_TEXT = 200_000  # longer texts are encoded in pieces (BPE cost grows faster than linear)
+
 
 def _image_size(url: Any) -> tuple[int, int] | None:
     """Width and height from the header of a base64 data: URL (PNG, GIF, JPEG), else None."""
@@ -118,7 +119,9 @@ class TokenCounter(Protocol):
 
     def is_exact(self, model: str) -> bool: ...
 
-    def observe(self, model: str, estimated: int | Mapping[str, Any], actual: int) -> None: ...
+    def observe(
+        self, model: str, sent: Mapping[str, Any], actual: int, *, overflowed: bool = False
+    ) -> None: ...
 
     def calibration_factors(self) -> dict[str, float]: ...
 
@@ -151,8 +154,8 @@ _MODEL_MEMO_SIZE = 1024
 class ChatTokenCounter:
     """The counter used by the proxy: exact where tiktoken knows the family, else heuristic.
 
-    Thread-safe; all state (the per-message LRU, per-model encodings, calibration factors) is
-    this instance's.
+    Thread-safe; all state (the per-message LRU, per-model encodings, calibration) is this
+    instance's.
     """
 
     def __init__(
@@ -165,8 +168,7 @@ class ChatTokenCounter:
         self._table = model_table
         self._cache: OrderedDict[bytes, int] = OrderedDict()
         self._cache_size = cache_size
-        self._factors: dict[str, float] = {}  # applied to counts; moves in steps
-        self._running: dict[str, float] = {}  # the running estimate behind each factor
+        self._calibration = Calibration()
         self._families: dict[str, str | None] = {}
         self._lock = threading.Lock()
 
@@ -322,16 +324,23 @@ class ChatTokenCounter:
         )
 
     # -- calibrated counts (the protocol) ----------------------------------------------------
-    def _factor(self, model: str) -> float:
-        with self._lock:
-            return self._factors.get(model, 1.0)
+    def _correction(self, model: str) -> Correction:
+        return self._calibration.correction(model)
 
     def count_message(self, model: str, message: Mapping[str, Any]) -> int:
         raw = self.raw_message(self.encoding_name(model), message, model)
-        return math.ceil(raw * self._factor(model))
+        fix = self._correction(model)
+        return _whole(fix.content * raw + fix.per_message)
 
     def count_fixed(self, model: str, body: Mapping[str, Any]) -> int:
-        return math.ceil(self.raw_fixed(self.encoding_name(model), body) * self._factor(model))
+        """The prompt outside the messages, with the template's cost per request."""
+        raw = self.raw_fixed(self.encoding_name(model), body)
+        fix = self._correction(model)
+        default_system = 0.0 if has_system(body) else fix.without_system
+        preamble = fix.with_tools if has_tools(body) else 0.0
+        # each message adds `per_message`; `per_request` already holds the first one's
+        fixed = fix.per_request - fix.per_message + default_system + preamble
+        return _whole(fix.content * raw + fixed)
 
     def count_request(self, model: str, body: Mapping[str, Any]) -> int:
         """sum(count_message) + count_fixed."""
@@ -342,39 +351,53 @@ class ChatTokenCounter:
         )
 
     def count_text(self, model: str, text: str) -> int:
-        """Tokens of plain text for `model` (calibrated)."""
-        return math.ceil(self._text(self.encoding_name(model), text) * self._factor(model))
+        """Tokens of plain text for `model` (calibrated content, no framing)."""
+        return _whole(self._text(self.encoding_name(model), text) * self._correction(model).content)
 
     # -- calibration -------------------------------------------------------------------------
-    def observe(self, model: str, estimated: int | Mapping[str, Any], actual: int) -> None:
-        """Calibrate on the upstream's `usage.prompt_tokens` (`actual`) for one request.
-
-        `estimated` is either the request body as sent (recounted raw, cheap through the cache)
-        or the calibrated estimate `count_request` gave for it.
-        """
-        if isinstance(estimated, Mapping):
-            raw = float(self.raw_request(model, estimated))
-        else:
-            raw = estimated / self._factor(model)
-        if min(actual, raw) < CALIBRATION_MIN_TOKENS:
-            return
-        low, high = EXACT_CALIBRATION_BOUNDS if self.is_exact(model) else CALIBRATION_BOUNDS
-        ratio = min(high, max(low, actual / raw))
-        with self._lock:
-            previous = self._running.get(model)
-            if previous is None and len(self._running) >= _MODEL_MEMO_SIZE:
-                return  # bounded: client-chosen model names must not grow this without end
-            step = 0.0 if previous is None else CALIBRATION_WEIGHT * (ratio - previous)
-            running = min(high, max(low, ratio if previous is None else previous + step))
-            self._running[model] = running
-            applied = self._factors.get(model, 1.0)
-            bound = next((b for b in (low, high) if abs(running - b) < 1e-3), None)
-            if bound is not None:
-                self._factors[model] = bound
-            elif abs(running - applied) > CALIBRATION_DEADBAND * applied:
-                self._factors[model] = round(running, 3)
+    def observe(
+        self, model: str, sent: Mapping[str, Any], actual: int, *, overflowed: bool = False
+    ) -> None:
+        """Calibrate on the upstream's count (`actual`) of the request body `sent` (recounted
+        raw, cheap through the cache). `overflowed`: the count came from an overflow error, so
+        the correction applies at once and counts this body at least that big."""
+        messages = sent.get("messages")
+        listed = messages if isinstance(messages, list) else []
+        observation = Observation(
+            raw=float(self.raw_request(model, sent)),
+            messages=sum(isinstance(m, Mapping) for m in listed),
+            actual=float(actual),
+            system=has_system(sent),
+            tools=has_tools(sent),
+        )
+        bounds = EXACT_BOUNDS if self.is_exact(model) else HEURISTIC_BOUNDS
+        self._calibration.observe(model, observation, bounds, overflowed=overflowed)
 
     def calibration_factors(self) -> dict[str, float]:
-        """The per-model correction factors learned so far (for /stats and /metrics)."""
-        with self._lock:
-            return {m: round(f, 4) for m, f in self._factors.items()}
+        """The per-model factor on content learned so far (for /stats and /metrics)."""
+        return {m: c.content for m, c in self._calibration.corrections().items()}
+
+    def calibration(self) -> dict[str, dict[str, float]]:
+        """The whole per-model correction: factor on content, tokens per message, per request,
+        per request without a system message and with tools (for /stats)."""
+        return {m: c.as_dict() for m, c in self._calibration.corrections().items()}
+
+
+def has_system(body: Mapping[str, Any]) -> bool:
+    """True when the request opens with a system (or developer) message: templates such as
+    Qwen's insert a default system prompt otherwise."""
+    messages = body.get("messages")
+    first = messages[0] if isinstance(messages, list) and messages else None
+    return isinstance(first, Mapping) and first.get("role") in ("system", "developer")
+
+
+def has_tools(body: Mapping[str, Any]) -> bool:
+    """True when the request defines tools (templates put a tool-use preamble before them)."""
+    return any(isinstance(body.get(k), list) and body[k] for k in ("tools", "functions"))
+
+
+def _whole(tokens: float) -> int:
+    """A calibrated count in whole tokens, never negative. Rounded to the nearest: rounding
+    each message up would add half a token per message on average, a bias that grows with
+    the conversation (and that calibration, fitted on unrounded sums, would not see)."""
+    return max(0, math.floor(tokens + 0.5))

@@ -4,6 +4,7 @@ images, caching, calibration, and the model table's encoding seam."""
 from __future__ import annotations
 
 import base64
+import random
 import struct
 import zlib
 from typing import Any
@@ -20,6 +21,8 @@ from app.tokens import (
     image_tokens,
 )
 from tests.support import load_traces
+
+Body = dict[str, Any]
 
 
 @pytest.fixture(scope="module")
@@ -255,16 +258,8 @@ def test_calibration_converges_and_is_bounded(counter: ChatTokenCounter) -> None
     for _ in range(50):
         counter.observe("llama-3", body, raw * 100)
     assert counter.calibration_factors()["llama-3"] == 2.0
-    counter.observe("tiny", {"messages": [{"role": "user", "content": "x"}]}, 1000)
-    assert "tiny" not in counter.calibration_factors()  # tiny prompts teach nothing
-
-
-def test_calibration_from_an_estimate(counter: ChatTokenCounter) -> None:
-    body = {"messages": [{"role": "user", "content": "word " * 400}]}
-    for _ in range(30):
-        estimate = counter.count_request("qwen3", body)
-        counter.observe("qwen3", estimate, 300)
-    assert abs(counter.count_request("qwen3", body) - 300) <= 3
+    counted = counter.count_request("llama-3", body)
+    assert counted <= raw * 2 + 2048 + 256  # every part of the correction is bounded
 
 
 def test_exact_models_stay_near_one(counter: ChatTokenCounter) -> None:
@@ -299,6 +294,118 @@ def test_calibration_moves_in_steps_so_plans_stay_put(counter: ChatTokenCounter)
     for k in range(40):
         counter.observe("qwen3", body, int(raw * (1.2 + (0.01 if k % 2 else -0.01))))
         assert counter.count_request("qwen3", body) == settled
-    for _ in range(10):
+    for _ in range(25):  # recent responses weigh most: a new level takes over within ~20
         counter.observe("qwen3", body, int(raw * 1.3))
     assert abs(counter.count_request("qwen3", body) / (raw * 1.3) - 1) < 0.03
+
+
+# -- calibration against an upstream whose chat template has fixed costs ----------------------
+_TEXT = (
+    "the build failed because a test in the parser module raised an error on line seven when "
+    "its input was empty so we patched it and reran everything twice"
+)
+_WORDS = _TEXT.split()
+
+
+def _conversation(rnd: random.Random, messages: int, words: int, system: bool = True) -> Body:
+    out: list[dict[str, Any]] = (
+        [{"role": "system", "content": "You are a coding agent."}] if system else []
+    )
+    for k in range(messages):
+        text = " ".join(rnd.choice(_WORDS) for _ in range(words))
+        out.append({"role": "user" if k % 2 == 0 else "assistant", "content": text})
+    return {"model": "llama-3", "messages": out}
+
+
+def _fixed_cost_upstream(body: Body) -> int:
+    """A tokenizer reading content 10 % denser than the heuristic, and a chat template costing
+    4 tokens per message and 25 per request whatever the content."""
+    messages = body["messages"]
+    content = sum(heuristic_tokens(m["content"]) for m in messages)
+    return round(1.1 * content + 4 * len(messages) + 25)
+
+
+def _short(rnd: random.Random) -> Body:
+    return _conversation(rnd, rnd.randint(1, 3), rnd.randint(5, 60), system=rnd.random() < 0.5)
+
+
+def _long(rnd: random.Random) -> Body:
+    return _conversation(rnd, rnd.randint(20, 60), rnd.randint(30, 200))
+
+
+def _worst_error(counter: ChatTokenCounter, bodies: list[Body]) -> float:
+    return max(
+        abs(counter.count_request("llama-3", b) - _fixed_cost_upstream(b)) / _fixed_cost_upstream(b)
+        for b in bodies
+    )
+
+
+def test_fixed_template_costs_short_and_long_prompts_both_right(
+    counter: ChatTokenCounter,
+) -> None:
+    """After a mix of short and long requests, prompts of either kind that the counter has
+    never seen are estimated within a few per cent (DESIGN.md §5 "Calibration")."""
+    rnd = random.Random(7)
+    for i in range(30):
+        body = _long(rnd) if i % 3 == 0 else _short(rnd)
+        counter.observe("llama-3", body, _fixed_cost_upstream(body))
+    assert _worst_error(counter, [_long(rnd) for _ in range(30)]) < 0.025
+    assert _worst_error(counter, [_short(rnd) for _ in range(30)]) < 0.06
+
+
+def test_short_requests_first_do_not_inflate_a_long_one(counter: ChatTokenCounter) -> None:
+    """The drift real clients hit: a factor learned on short prompts, which are mostly template
+    overhead, once multiplied long prompts by ~1.3 (and compacted at half the real window)."""
+    rnd = random.Random(11)
+    for _ in range(30):
+        body = _conversation(rnd, rnd.randint(1, 3), rnd.randint(40, 120))
+        counter.observe("llama-3", body, _fixed_cost_upstream(body))
+    long_prompts = [_long(rnd) for _ in range(10)]
+    assert _worst_error(counter, long_prompts) < 0.05
+    body = long_prompts[0]
+    counter.observe("llama-3", body, _fixed_cost_upstream(body))
+    assert _worst_error(counter, long_prompts[1:]) < 0.03
+
+
+def test_a_tool_preamble_is_not_read_as_content(counter: ChatTokenCounter) -> None:
+    """Short agent requests carry tool definitions, and the template puts a long preamble
+    before them: that is a cost per request with tools, not a factor on every token."""
+    tools = [
+        {"type": "function", "function": {"name": f"tool_{k}", "parameters": {"type": "object"}}}
+        for k in range(3)
+    ]
+    rnd = random.Random(5)
+    for i in range(24):
+        body = _conversation(rnd, rnd.randint(1, 3), rnd.randint(20, 120))
+        preamble = 0
+        if i % 2:
+            body["tools"] = tools
+            preamble = 150 + counter.raw_fixed(None, {"tools": tools})
+        counter.observe("llama-3", body, _fixed_cost_upstream(body) + preamble)
+    assert _worst_error(counter, [_long(rnd) for _ in range(10)]) < 0.05
+    assert counter.calibration()["llama-3"]["with_tools"] > 100
+
+
+def test_an_overflow_count_recalibrates_at_once(counter: ChatTokenCounter) -> None:
+    """An overflow error that states the prompt's size corrects the counter at once (no
+    deadband), so a retry planned with it differs from what failed (DESIGN.md §8)."""
+    rnd = random.Random(3)
+    for _ in range(10):
+        body = _long(rnd)
+        counter.observe("llama-3", body, _fixed_cost_upstream(body))
+    failed = _long(rnd)
+    before = counter.count_request("llama-3", failed)
+    stated = int(before * 1.015)  # within the deadband: a plain observation would not move
+    counter.observe("llama-3", failed, stated)
+    assert counter.count_request("llama-3", failed) == before
+    counter.observe("llama-3", failed, stated, overflowed=True)
+    assert counter.count_request("llama-3", failed) >= stated
+
+
+def test_calibration_reports_every_part(counter: ChatTokenCounter) -> None:
+    body = {"messages": [{"role": "user", "content": "word " * 400}]}
+    for _ in range(5):
+        counter.observe("qwen3", body, 500)
+    detail = counter.calibration()["qwen3"]
+    assert set(detail) == {"content", "per_message", "per_request", "without_system", "with_tools"}
+    assert counter.calibration_factors() == {"qwen3": detail["content"]}

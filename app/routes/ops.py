@@ -35,6 +35,7 @@ async def stats(state: State, client: ClientKey) -> dict[str, Any]:
         **totals,
         "summaries": state.metrics.summary_stats.snapshot(),
         "calibration": state.counter.calibration_factors(),
+        "calibration_detail": state.counter.calibration(),
         "token_counting": {
             "heuristic_for": list(state.encodings_missing),
             "exact_encodings_loaded": not state.encodings_missing,

@@ -1,0 +1,324 @@
+"""Per-model calibration of token estimates against the upstream's own counts.
+
+A chat template adds tokens the estimate cannot see: a fixed cost per request (a default system
+prompt, the reply priming, a tool preamble) and per message (role markers), on top of a content
+count that is off by a factor (the heuristic against a tokenizer it does not have). One
+multiplicative factor folds all three together, so after short requests (mostly framing) it
+overshoots on long ones. The correction here keeps them apart:
+
+    actual ≈ content × raw + per_request + per_message × (messages − 1)
+             (+ without_system when no system message) (+ with_tools when tools are defined)
+
+(the default system prompt templates such as Qwen's insert when a request has none of its own,
+and the preamble they put before tool definitions), fitted by weighted least squares over the
+model's most recent observations. Each observation is weighed by its size, so that long
+prompts, where the window is at stake, decide the factor on content and short ones the fixed
+costs (the error expected of a prompt is a few tokens plus a few per cent of its size), and by
+its recency (older ones fade). A weak prior pulls each parameter toward "no correction", so
+request shapes that do not separate them (every prompt the same length, or with the same number
+of messages) leave the unknown part near neutral instead of wild; every parameter is bounded.
+The correction in use moves only when the fit would change some count by more than `DEADBAND`
+(plans depend on counts, DESIGN.md §4.7); an overflow error that states the prompt's real size
+applies the fit at once and makes sure that prompt is counted at least that big (DESIGN.md §8),
+so the retry differs from what failed.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, fields, replace
+
+WINDOW = 32  # observations kept per model
+DECAY = 0.9  # weight of an observation one step older: a new conversation takes over soon
+# Expected disagreement of an observation with the model: a few tokens of template quirks on
+# any prompt, a few per cent of content on a long one. Weights are 1 / (FIXED² + (RELATIVE·x)²)
+# with x our own estimate (not the upstream's count, which would favour low answers): short
+# prompts pin the fixed costs, long ones the factor on content.
+FIXED_NOISE = 16.0
+RELATIVE_NOISE = 0.02
+DEADBAND = 0.02  # the correction in use moves when some count would change by more than this
+DEADBAND_FLOOR = 256  # ... relative to at least this many tokens (short prompts wobble by a few)
+MAX_MODELS = 1024  # model names come from clients: bounded
+MAX_SOLVER_STEPS = 64  # the active-set solver needs a few; this bounds it whatever the input
+# Prior stiffness per parameter toward "no correction", in the units of the weighted sum of
+# squares (a short prompt weighs about 1/256, a 3,000-token one 1/3,900). `content`: a twentieth
+# of one 3,000-token prompt but some thirty short ones, so short prompts alone hardly move it.
+# The overheads: a fortieth of one short prompt, so a few prompts settle them; where the prompts
+# seen do not tell two of them apart (none had a system message, say), they share the cost.
+# `per_message` is stiffer (a short prompt of two messages; a long conversation outweighs it
+# tenfold): a fixed cost is not spread over the messages of the prompts that showed it.
+PRIOR = (100.0, 1e-2, 1e-4, 1e-4, 1e-4)
+_SIZE = len(PRIOR)
+
+Vector = tuple[float, float, float, float, float]
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """One request: our uncalibrated estimate, its message count, whether it opens with a
+    system message and defines tools, and the upstream's count."""
+
+    raw: float
+    messages: int
+    actual: float
+    system: bool = True
+    tools: bool = False
+
+    def features(self) -> Vector:
+        return (
+            self.raw,
+            float(max(self.messages - 1, 0)),
+            1.0,
+            0.0 if self.system else 1.0,
+            1.0 if self.tools else 0.0,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Correction:
+    """actual ≈ content × raw + per_request + per_message × (messages − 1), plus
+    `without_system` for a request without a system message and `with_tools` for one that
+    defines tools. `per_request` is the fixed cost of a one-message request, so a single
+    message's framing is never split between the two (they cannot be told apart)."""
+
+    content: float = 1.0
+    per_message: float = 0.0
+    per_request: float = 0.0
+    without_system: float = 0.0
+    with_tools: float = 0.0
+
+    def params(self) -> Vector:
+        return (
+            self.content,
+            self.per_message,
+            self.per_request,
+            self.without_system,
+            self.with_tools,
+        )
+
+    def predict(self, obs: Observation) -> float:
+        return sum(p * f for p, f in zip(self.params(), obs.features(), strict=True))
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "content": round(self.content, 4),
+            "per_message": round(self.per_message, 2),
+            "per_request": round(self.per_request, 2),
+            "without_system": round(self.without_system, 2),
+            "with_tools": round(self.with_tools, 2),
+        }
+
+
+NEUTRAL = Correction()
+
+Interval = tuple[float, float]
+
+
+@dataclass(frozen=True, slots=True)
+class Bounds:
+    """Closed intervals for each parameter of a `Correction`, in the same order."""
+
+    content: Interval
+    per_message: Interval
+    per_request: Interval
+    without_system: Interval
+    with_tools: Interval
+
+    def limits(self) -> tuple[Interval, ...]:
+        return tuple(getattr(self, f.name) for f in fields(self))
+
+
+# Heuristic-counted models: the content factor within 0.5–2; templates add a few tokens per
+# message (Llama 3, Qwen, Gemma: about one more than OpenAI's framing; Mistral: fewer), a fixed
+# cost per request (a knowledge-date header; a system prompt the server adds, as an Ollama
+# Modelfile's can, up to 2,048), a default system prompt when the request has none (Qwen) and
+# a tool-use preamble of up to a thousand tokens.
+HEURISTIC_BOUNDS = Bounds((0.5, 2.0), (-3.0, 8.0), (-8.0, 2048.0), (-64.0, 256.0), (-64.0, 1024.0))
+# tiktoken models are counted exactly: only hidden framing can add, never subtract.
+EXACT_BOUNDS = Bounds((1.0, 1.1), (0.0, 2.0), (0.0, 256.0), (0.0, 0.0), (0.0, 256.0))
+
+
+def solve(matrix: list[list[float]], rhs: list[float]) -> list[float] | None:
+    """Gaussian elimination with partial pivoting; None when (nearly) singular."""
+    n = len(rhs)
+    a = [[*row, value] for row, value in zip(matrix, rhs, strict=True)]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(a[r][col]))
+        if abs(a[pivot][col]) < 1e-12:
+            return None
+        a[col], a[pivot] = a[pivot], a[col]
+        for r in range(col + 1, n):
+            f = a[r][col] / a[col][col]
+            for k in range(col, n + 1):
+                a[r][k] -= f * a[col][k]
+    out = [0.0] * n
+    for r in range(n - 1, -1, -1):
+        out[r] = (a[r][n] - sum(a[r][k] * out[k] for k in range(r + 1, n))) / a[r][r]
+    return out
+
+
+def normal_equations(observations: Sequence[Observation]) -> tuple[list[list[float]], list[float]]:
+    """The weighted least-squares system, prior included: minimise θᵀMθ − 2vᵀθ."""
+    matrix = [[0.0] * _SIZE for _ in range(_SIZE)]
+    rhs = [0.0] * _SIZE
+    weight = 1.0
+    for obs in reversed(observations):  # newest first: it has the full weight
+        features = obs.features()
+        w = weight / (FIXED_NOISE**2 + (RELATIVE_NOISE * obs.raw) ** 2)
+        for j in range(_SIZE):
+            rhs[j] += w * features[j] * obs.actual
+            for k in range(_SIZE):
+                matrix[j][k] += w * features[j] * features[k]
+        weight *= DECAY
+    for j, (stiffness, neutral) in enumerate(zip(PRIOR, NEUTRAL.params(), strict=True)):
+        matrix[j][j] += stiffness
+        rhs[j] += stiffness * neutral
+    return matrix, rhs
+
+
+def _newton_step(
+    matrix: list[list[float]], gradient: list[float], fixed: dict[int, int]
+) -> list[float] | None:
+    """The step to the minimum over the parameters not held at a bound."""
+    free = [j for j in range(len(gradient)) if j not in fixed]
+    step = [0.0] * len(gradient)
+    if not free:
+        return step
+    solved = solve([[matrix[j][k] for k in free] for j in free], [-gradient[j] for j in free])
+    if solved is None:
+        return None
+    for j, value in zip(free, solved, strict=True):
+        step[j] = value
+    return step
+
+
+def box_minimum(
+    matrix: list[list[float]], rhs: list[float], limits: Sequence[Interval], start: Sequence[float]
+) -> list[float]:
+    """Minimise θᵀMθ − 2vᵀθ (M positive definite) within the box `limits`, from a feasible
+    `start`: the primal active-set method (Nocedal & Wright, Algorithm 16.3). Each step
+    solves for the free parameters, stops at the first bound in the way and holds it there;
+    at a stationary point a held parameter whose gradient points into the box is released."""
+    n = len(rhs)
+    theta = list(start)
+    fixed: dict[int, int] = {}  # parameter -> 0 held at its lower bound, 1 at its upper
+    for _ in range(MAX_SOLVER_STEPS):
+        gradient = [sum(matrix[j][k] * theta[k] for k in range(n)) - rhs[j] for j in range(n)]
+        step = _newton_step(matrix, gradient, fixed)
+        if step is None:
+            break
+        if all(abs(s) <= 1e-12 * (1.0 + abs(t)) for s, t in zip(step, theta, strict=True)):
+            tolerance = [1e-9 * (abs(rhs[j]) + matrix[j][j]) for j in range(n)]
+            wrong = [
+                j
+                for j, side in fixed.items()
+                if (gradient[j] < -tolerance[j] if side == 0 else gradient[j] > tolerance[j])
+            ]
+            if not wrong:
+                break
+            del fixed[max(wrong, key=lambda j: abs(gradient[j]) / (matrix[j][j] or 1.0))]
+            continue
+        alpha, blocking = 1.0, None
+        for j, s in enumerate(step):
+            if j in fixed or s == 0:
+                continue
+            side = 0 if s < 0 else 1
+            room = (limits[j][side] - theta[j]) / s
+            if room < alpha:
+                alpha, blocking = max(room, 0.0), (j, side)
+        theta = [t + alpha * s for t, s in zip(theta, step, strict=True)]
+        if blocking is not None:
+            j, side = blocking
+            theta[j] = limits[j][side]
+            fixed[j] = side
+    return [min(high, max(low, t)) for t, (low, high) in zip(theta, limits, strict=True)]
+
+
+def fit(observations: Sequence[Observation], bounds: Bounds) -> Correction:
+    """The bounded correction that best explains `observations` (NEUTRAL when there are none)."""
+    if not observations:
+        return NEUTRAL
+    matrix, rhs = normal_equations(observations)
+    limits = bounds.limits()
+    start = [
+        min(high, max(low, p)) for p, (low, high) in zip(NEUTRAL.params(), limits, strict=True)
+    ]
+    best = box_minimum(matrix, rhs, limits, start)
+    content, per_message, per_request, without_system, with_tools = best
+    return Correction(
+        round(content, 4),
+        round(per_message, 2),
+        round(per_request, 2),
+        round(without_system, 2),
+        round(with_tools, 2),
+    )
+
+
+def moved(applied: Correction, fitted: Correction, observations: Iterable[Observation]) -> bool:
+    """True when `fitted` would change a count by more than `DEADBAND`: the content factor
+    (what decides long prompts) or the count of any observed prompt."""
+    if abs(fitted.content - applied.content) > DEADBAND * applied.content:
+        return True
+    for obs in observations:
+        before = applied.predict(obs)
+        if abs(fitted.predict(obs) - before) > DEADBAND * max(before, DEADBAND_FLOOR):
+            return True
+    return False
+
+
+def reaching(correction: Correction, obs: Observation, bounds: Bounds) -> Correction:
+    """`correction`, raised (content first, then per request, within bounds) until it counts
+    `obs` at least at its actual size."""
+    missing = obs.actual - correction.predict(obs)
+    if missing <= 0:
+        return correction
+    low, high = bounds.content
+    content = min(high, max(low, correction.content + missing / obs.raw))
+    raised = replace(correction, content=max(content, correction.content))
+    missing = obs.actual - raised.predict(obs)
+    if missing > 0:
+        per_request = min(bounds.per_request[1], raised.per_request + missing)
+        raised = replace(raised, per_request=per_request)
+    return raised
+
+
+class Calibration:
+    """Recent observations and the correction in use, per model; thread-safe, bounded."""
+
+    def __init__(self, window: int = WINDOW, max_models: int = MAX_MODELS) -> None:
+        self._window = window
+        self._max_models = max_models
+        self._history: dict[str, deque[Observation]] = {}
+        self._applied: dict[str, Correction] = {}
+        self._lock = threading.Lock()
+
+    def correction(self, model: str) -> Correction:
+        with self._lock:
+            return self._applied.get(model, NEUTRAL)
+
+    def corrections(self) -> dict[str, Correction]:
+        with self._lock:
+            return dict(self._applied)
+
+    def observe(
+        self, model: str, obs: Observation, bounds: Bounds, *, overflowed: bool = False
+    ) -> None:
+        """Add one observation and refit; `overflowed`: the upstream rejected this prompt as too
+        long, so the fit applies at once and counts it at least at `obs.actual`."""
+        if obs.raw <= 0 or obs.actual <= 0:
+            return
+        with self._lock:
+            history = self._history.get(model)
+            if history is None:
+                if len(self._history) >= self._max_models:
+                    return
+                history = self._history[model] = deque(maxlen=self._window)
+            history.append(obs)
+            fitted = fit(history, bounds)
+            applied = self._applied.get(model, NEUTRAL)
+            if overflowed:
+                self._applied[model] = reaching(fitted, obs, bounds)
+            elif moved(applied, fitted, history):
+                self._applied[model] = fitted

@@ -1,0 +1,209 @@
+"""The calibration fit: an exact bounded least-squares solver, a bounded model, steps, overflow."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import threading
+
+import httpx
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app.calibration import (
+    EXACT_BOUNDS,
+    HEURISTIC_BOUNDS,
+    NEUTRAL,
+    Bounds,
+    Calibration,
+    Correction,
+    Observation,
+    box_minimum,
+    fit,
+    moved,
+    normal_equations,
+    reaching,
+    solve,
+)
+from tests.fake_upstream import FakeUpstream
+
+
+def _cost(matrix: list[list[float]], rhs: list[float], theta: list[float]) -> float:
+    n = len(rhs)
+    quadratic = sum(theta[j] * matrix[j][k] * theta[k] for j in range(n) for k in range(n))
+    return quadratic - 2 * sum(rhs[j] * theta[j] for j in range(n))
+
+
+def _exhaustive_minimum(
+    matrix: list[list[float]], rhs: list[float], limits: tuple[tuple[float, float], ...]
+) -> float:
+    """Reference: try every parameter free, at its lower or at its upper bound (3^n systems),
+    solve each for the free ones, and keep the best feasible."""
+    n = len(rhs)
+    best = float("inf")
+    for states in itertools.product((None, 0, 1), repeat=n):
+        theta = [0.0 if s is None else limits[j][s] for j, s in enumerate(states)]
+        free = [j for j, s in enumerate(states) if s is None]
+        if free:
+            system = [[matrix[j][k] for k in free] for j in free]
+            target = [
+                rhs[j] - sum(matrix[j][k] * theta[k] for k in range(n) if k not in free)
+                for j in free
+            ]
+            solved = solve(system, target)
+            if solved is None or any(
+                not limits[j][0] - 1e-9 <= v <= limits[j][1] + 1e-9
+                for j, v in zip(free, solved, strict=True)
+            ):
+                continue
+            for j, v in zip(free, solved, strict=True):
+                theta[j] = v
+        best = min(best, _cost(matrix, rhs, theta))
+    return best
+
+
+observations = st.lists(
+    st.builds(
+        Observation,
+        raw=st.one_of(st.floats(1, 80), st.floats(80, 200_000)),
+        messages=st.integers(1, 400),
+        actual=st.floats(1, 400_000),
+        system=st.booleans(),
+        tools=st.booleans(),
+    ),
+    min_size=1,
+    max_size=32,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(observations, st.sampled_from([HEURISTIC_BOUNDS, EXACT_BOUNDS]))
+def test_the_solver_finds_the_bounded_minimum(obs: list[Observation], bounds: Bounds) -> None:
+    """The active-set solver agrees with trying every combination of active bounds."""
+    matrix, rhs = normal_equations(obs)
+    limits = bounds.limits()
+    start = [min(hi, max(lo, p)) for p, (lo, hi) in zip(NEUTRAL.params(), limits, strict=True)]
+    theta = box_minimum(matrix, rhs, limits, start)
+    assert all(lo <= t <= hi for t, (lo, hi) in zip(theta, limits, strict=True))
+    reference = _exhaustive_minimum(matrix, rhs, limits)
+    assert _cost(matrix, rhs, theta) <= reference + 1e-7 * (1 + abs(reference))
+
+
+@settings(max_examples=100, deadline=None)
+@given(observations, st.sampled_from([HEURISTIC_BOUNDS, EXACT_BOUNDS]))
+def test_every_fit_is_within_bounds(obs: list[Observation], bounds: Bounds) -> None:
+    fitted = fit(obs, bounds)
+    for value, (low, high) in zip(fitted.params(), bounds.limits(), strict=True):
+        assert low <= value <= high
+
+
+def test_no_observations_means_no_correction() -> None:
+    assert fit([], HEURISTIC_BOUNDS) == NEUTRAL == Correction(1.0, 0.0, 0.0, 0.0, 0.0)
+
+
+def test_an_exact_linear_template_is_recovered() -> None:
+    """actual = 0.9 × raw + 1.5 per message + 20, + 22 without a system message, + 80 with
+    tools: prompts of varied size and shape give back those numbers."""
+
+    def truth(raw: int, messages: int, system: bool, tools: bool) -> Observation:
+        actual = 0.9 * raw + 1.5 * messages + 20 + (0 if system else 22) + (80 if tools else 0)
+        return Observation(raw, messages, round(actual), system, tools)
+
+    sizes = [(30, 1), (5200, 40), (60, 3), (900, 12), (14, 1), (12000, 90), (3000, 8)]
+    shapes = list(itertools.product((True, False), repeat=2))
+    obs = [truth(*size, *shape) for size, shape in itertools.product(sizes, shapes)]
+    random.Random(0).shuffle(obs)  # an arrival order that mixes sizes and shapes
+    fitted = fit(obs, HEURISTIC_BOUNDS)
+    assert fitted.content == pytest.approx(0.9, abs=0.01)
+    assert fitted.without_system == pytest.approx(22, abs=3)
+    assert fitted.with_tools == pytest.approx(80, abs=3)
+    for o in obs:
+        assert fitted.predict(o) == pytest.approx(o.actual, rel=0.03)
+
+
+def test_one_observation_cannot_move_the_model_wildly() -> None:
+    """A tiny prompt that the upstream counts at 1,000 tokens (an image? a server-side system
+    prompt?) is a fixed cost, not a factor on content: long prompts stay near their size."""
+    fitted = fit([Observation(5, 1, 1000)], HEURISTIC_BOUNDS)
+    assert fitted.content < 1.05
+    assert fitted.per_message < 1.0
+    long_prompt = Observation(50_000, 300, 0)
+    assert fitted.predict(long_prompt) < 50_000 * 1.05 + 1000
+
+
+def test_moved_is_a_deadband() -> None:
+    obs = [Observation(30, 1, 50), Observation(4000, 30, 4100)]
+    applied = Correction(1.0, 0.0, 20.0)
+    assert not moved(applied, Correction(1.015, 0.0, 20.0), obs)  # 1.5 % on content
+    assert not moved(applied, Correction(1.0, 0.0, 24.0), obs)  # 4 tokens on ≥ 256: noise
+    assert moved(applied, Correction(1.025, 0.0, 20.0), obs)
+    assert moved(applied, Correction(1.0, 0.0, 30.0), obs)  # 10 tokens on a short prompt
+    assert moved(applied, Correction(1.0, 3.0, 20.0), obs)  # 90 tokens on the long one
+
+
+def test_reaching_counts_an_overflowed_prompt_at_least_at_its_size() -> None:
+    obs = Observation(3000, 20, 3600)
+    raised = reaching(Correction(1.0, 0.0, 10.0), obs, HEURISTIC_BOUNDS)
+    assert raised.predict(obs) >= 3600
+    assert raised.content > 1.0
+    already = Correction(1.3, 0.0, 0.0)
+    assert reaching(already, obs, HEURISTIC_BOUNDS) == already
+    # past the content bound, the rest goes on the request's fixed cost (also bounded)
+    capped = reaching(NEUTRAL, Observation(100, 1, 600), HEURISTIC_BOUNDS)
+    assert capped.content == 2.0
+    assert capped.predict(Observation(100, 1, 0)) >= 600
+
+
+def test_calibration_is_bounded_in_models_and_history() -> None:
+    calibration = Calibration(window=4, max_models=2)
+    for model in ("a", "b", "c"):
+        for _ in range(10):
+            calibration.observe(model, Observation(1000, 5, 1300), HEURISTIC_BOUNDS)
+    assert set(calibration.corrections()) == {"a", "b"}
+    assert all(len(h) == 4 for h in calibration._history.values())
+    assert calibration.correction("c") == NEUTRAL
+    calibration.observe("a", Observation(0, 0, 10), HEURISTIC_BOUNDS)  # nothing to learn
+    calibration.observe("a", Observation(10, 1, 0), HEURISTIC_BOUNDS)
+    assert all(len(h) == 4 for h in calibration._history.values())
+
+
+def test_calibration_is_thread_safe() -> None:
+    calibration = Calibration()
+    barrier = threading.Barrier(4)
+
+    def work(k: int) -> None:
+        barrier.wait(timeout=10)
+        for i in range(200):
+            calibration.observe("m", Observation(100 + i + k, 2, 150 + i), HEURISTIC_BOUNDS)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert not any(t.is_alive() for t in threads)
+    assert len(calibration._history["m"]) == 32
+    assert calibration.correction("m") != NEUTRAL
+
+
+@pytest.mark.anyio
+async def test_the_proxy_calibrates_from_usage_and_reports_it(
+    client: httpx.AsyncClient, fake: FakeUpstream
+) -> None:
+    """Every completed response's `usage.prompt_tokens` calibrates the counter for that model,
+    and `/stats` shows the factor (`calibration`) and every part (`calibration_detail`)."""
+    fake.prompt_tokens = 60  # a template adding ~50 tokens to a tiny prompt
+    body = {"model": "qwen-local", "messages": [{"role": "user", "content": "hi there"}]}
+    before = (await client.post("/v1/compaction/count", json=body)).json()["prompt_tokens"]
+    for _ in range(3):
+        response = await client.post("/v1/chat/completions", json=body)
+        assert response.status_code == 200
+    after = (await client.post("/v1/compaction/count", json=body)).json()["prompt_tokens"]
+    assert before < 20
+    assert abs(after - 60) <= 3
+    stats = (await client.get("/stats")).json()
+    assert stats["calibration"]["qwen-local"] < 1.05  # a fixed cost, not a factor on content
+    detail = stats["calibration_detail"]["qwen-local"]
+    # no system message in any request: the cost is shared with `without_system`
+    assert detail["per_request"] + detail["without_system"] == pytest.approx(50, abs=3)

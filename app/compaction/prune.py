@@ -6,16 +6,20 @@ prune that would save little is skipped.
 
 from __future__ import annotations
 
+import re
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 PLACEHOLDER = "[inflight pruned an old output of {name}: {size} chars]"
+_PLACEHOLDER_RE = re.compile(r"\[inflight pruned an old output of .*: \d+ chars\]", re.DOTALL)
 PROTECT_SHARE = 0.25
 MIN_SAVING_SHARE = 0.05
 
 
 def is_placeholder(content: Any) -> bool:
-    return isinstance(content, str) and content.startswith("[inflight pruned an old output of ")
+    """Whether `content` is exactly a placeholder this module writes (not just starts like one)."""
+    return isinstance(content, str) and _PLACEHOLDER_RE.fullmatch(content) is not None
 
 
 def _size(content: Any) -> int:
@@ -30,11 +34,9 @@ def _size(content: Any) -> int:
     return 0
 
 
-def tool_names(unit_messages: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The function name answered by each message of a tool unit (by position in the unit)."""
-    first = unit_messages[0]
-    calls = first.get("tool_calls")
+def _call_names(first: Mapping[str, Any]) -> list[str]:
     names: list[str] = []
+    calls = first.get("tool_calls")
     if isinstance(calls, list):
         for call in calls:
             fn = call.get("function") if isinstance(call, dict) else None
@@ -43,6 +45,39 @@ def tool_names(unit_messages: Sequence[Mapping[str, Any]]) -> list[str]:
     if isinstance(legacy, dict):
         names.append(str(legacy.get("name", "function")))
     return names
+
+
+def _call_ids(first: Mapping[str, Any]) -> list[Any]:
+    calls = first.get("tool_calls")
+    if not isinstance(calls, list):
+        return []
+    return [call.get("id") if isinstance(call, dict) else None for call in calls]
+
+
+def answered_calls(unit_messages: Sequence[Mapping[str, Any]]) -> list[int | None]:
+    """For each message after the first of a tool unit, the index of the call it answers.
+
+    Matched by `tool_call_id` within the unit when the calls' ids are distinct strings and the
+    answers name distinct calls among them; otherwise by position (real transcripts reuse and
+    omit ids). None when the position has no call.
+    """
+    answers = unit_messages[1:]
+    ids = _call_ids(unit_messages[0])
+    calls = len(_call_names(unit_messages[0]))
+    by_position: list[int | None] = [k if k < calls else None for k in range(len(answers))]
+    if not ids or not all(isinstance(i, str) for i in ids) or len(set(ids)) != len(ids):
+        return by_position
+    index = {call_id: k for k, call_id in enumerate(ids)}
+    named = [m.get("tool_call_id") for m in answers]
+    if any(n not in index for n in named) or any(c > 1 for c in Counter(named).values()):
+        return by_position
+    return [index[n] for n in named]
+
+
+def tool_names(unit_messages: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The function name answered by each message after the first of a tool unit."""
+    names = _call_names(unit_messages[0])
+    return [names[k] if k is not None else "tool" for k in answered_calls(unit_messages)]
 
 
 def prune_message(message: Mapping[str, Any], name: str) -> Mapping[str, Any]:
@@ -58,7 +93,5 @@ def prune_message(message: Mapping[str, Any], name: str) -> Mapping[str, Any]:
 def prune_unit(unit_messages: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     names = tool_names(unit_messages)
     out: list[Mapping[str, Any]] = [unit_messages[0]]
-    for position, message in enumerate(unit_messages[1:]):
-        name = names[position] if position < len(names) else "tool"
-        out.append(prune_message(message, name))
+    out.extend(prune_message(m, name) for m, name in zip(unit_messages[1:], names, strict=True))
     return out

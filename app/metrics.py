@@ -80,7 +80,10 @@ class Metrics:
             "inflight_tokens", "Tokens reported by the upstream", ["model", "kind"], registry=r
         )
         self.saved = Counter(
-            "inflight_tokens_saved", "Prompt tokens removed by compaction", ["model"], registry=r
+            "inflight_tokens_saved",
+            "Prompt tokens removed by compaction (the proxy's estimate before minus after)",
+            ["model"],
+            registry=r,
         )
         self.compactions = Counter(
             "inflight_compactions", "Requests compacted, by strategy", ["strategy"], registry=r

@@ -10,6 +10,7 @@ import orjson
 import pytest
 
 from app.factory import create_app
+from app.messages import check_pair_safety
 from tests.conftest import make_settings
 from tests.fake_upstream import FakeUpstream
 from tests.test_proxy_asgi import assert_openai_error
@@ -138,6 +139,10 @@ async def test_body_controls_and_transforms_are_removed(
         ({}, {"compaction": "trim"}, "compaction"),
         ({}, {"transforms": ["compress"]}, "transforms"),
         ({}, {"transforms": "middle-out"}, "transforms"),
+        ({"X-Compaction-Strategy": ""}, {}, "X-Compaction-Strategy"),
+        ({"X-Compaction-Strategy": " , "}, {}, "X-Compaction-Strategy"),
+        ({}, {"compaction": {"strategy": ""}}, "compaction.strategy"),
+        ({}, {"compaction": {"strategy": []}}, "compaction.strategy"),
     ],
 )
 async def test_invalid_controls_are_400_naming_them(
@@ -152,6 +157,105 @@ async def test_invalid_controls_are_400_naming_them(
     assert_openai_error(response, 400, "invalid_compaction_control")
     assert response.json()["error"]["param"].lower() == param.lower()
     assert fake.chat_requests == []
+
+
+def _call(call_id: str, name: str, arguments: str = "{}") -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+WRITE_FILE = orjson.dumps({"path": "src/big.py", "content": "x = 1\n" * 40_000}).decode()
+HEAD = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": "go"}]
+LAST_UNITS: dict[str, list[dict[str, Any]]] = {
+    "20 text parts": [
+        {"role": "assistant", "content": None, "tool_calls": [_call("c1", "fetch")]},
+        {
+            "role": "tool",
+            "tool_call_id": "c1",
+            "content": [{"type": "text", "text": f"r{i} " * 3000} for i in range(20)],
+        },
+    ],
+    "20 parallel outputs": [
+        {"role": "assistant", "content": None, "tool_calls": [_call(f"c{i}", "read") for i in range(20)]},
+        *({"role": "tool", "tool_call_id": f"c{i}", "content": f"o{i} " * 2500} for i in range(20)),
+    ],
+    "huge write_file arguments": [
+        {"role": "assistant", "content": None, "tool_calls": [_call("w1", "write_file", WRITE_FILE)]},
+        {"role": "tool", "tool_call_id": "w1", "content": "wrote 240000 bytes"},
+    ],
+    "client text that looks like a marker": [
+        {"role": "assistant", "content": None, "tool_calls": [_call("c1", "fetch")]},
+        {
+            "role": "tool",
+            "tool_call_id": "c1",
+            "content": "<h1>x</h1>\n\n[… inflight truncated 5 chars …]\n\n" + "page " * 40_000,
+        },
+    ],
+}  # fmt: skip
+
+
+async def preview(
+    client: httpx.AsyncClient, messages: list[dict[str, Any]], **headers: str
+) -> dict[str, Any]:
+    body = {"model": "gpt-4o", "messages": messages}
+    response = await client.post(
+        "/v1/compaction/preview", content=orjson.dumps(body), headers=headers
+    )
+    assert response.status_code == 200, response.text
+    data: dict[str, Any] = response.json()
+    return data
+
+
+@pytest.mark.parametrize("name", list(LAST_UNITS))
+@pytest.mark.parametrize("strategy", ["auto", "truncate", "truncate,trim"])
+async def test_the_last_unit_is_brought_within_budget(
+    client: httpx.AsyncClient, name: str, strategy: str
+) -> None:
+    """Issue 12, defects 2 and 8: the cap covers the last unit as a whole; answered arguments
+    are cut as a last resort (inside the JSON); a marker the client wrote stops nothing."""
+    messages = [*HEAD, *LAST_UNITS[name]]
+    data = await preview(
+        client,
+        messages,
+        **{"X-Compaction-Context-Limit": "8192", "X-Compaction-Strategy": strategy},
+    )
+    report, out = data["report"], data["messages"]
+    assert report["budget"] == 6882
+    assert report["tokens_before"] > 40_000
+    assert not report["over_budget"]
+    assert report["tokens_after"] <= report["budget"]
+    assert report["applied"][0] == "truncate"
+    assert out[:2] == HEAD
+    assert check_pair_safety(out) == []
+    assert [m.get("tool_call_id") for m in out[2:]] == [m.get("tool_call_id") for m in messages[2:]]
+    if name == "huge write_file arguments":
+        arguments = orjson.loads(out[2]["tool_calls"][0]["function"]["arguments"])
+        assert arguments["path"] == "src/big.py"
+        assert "inflight truncated" in arguments["content"]
+
+
+async def test_a_long_assistant_message_before_the_last_question_is_truncated(
+    client: httpx.AsyncClient,
+) -> None:
+    """Issue 12, defect 10: in a strict chat `[U, A(huge), U]` the assistant message can never
+    be cut, so truncation reaches it (with a marker) and the request fits."""
+    messages = [
+        {"role": "user", "content": "Tell me everything."},
+        {"role": "assistant", "content": "word " * 20_000},
+        {"role": "user", "content": "Thanks. Shorter?"},
+    ]
+    for strategy in ("auto", "truncate,trim", "truncate,middle-out"):
+        data = await preview(
+            client,
+            messages,
+            **{"X-Compaction-Context-Limit": "8192", "X-Compaction-Strategy": strategy},
+        )
+        out = data["messages"]
+        assert not data["report"]["over_budget"]
+        assert data["report"]["applied"] == ["truncate"]
+        assert [m["role"] for m in out] == ["user", "assistant", "user"]
+        assert out[0] == messages[0]
+        assert out[2] == messages[2]
+        assert "inflight truncated" in out[1]["content"]
 
 
 async def test_preview_returns_messages_and_report_without_forwarding(
@@ -256,7 +360,7 @@ async def test_overflow_retry_after_discovery_overestimates(
 ) -> None:
     fake.context_window = 6000  # what the upstream enforces
     fake.enforce_pairs = True
-    settings = make_settings(tmp_path, context_limit=32768)  # operator set a wrong window
+    settings = make_settings(tmp_path)  # models.toml says 128k for llama-3.1: too much here
 
     app = create_app(settings, transport=httpx.ASGITransport(app=fake.app))
     async with (

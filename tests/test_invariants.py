@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from app.compaction.engine import SUMMARY_PREFIX, CompactionResult, compact, summary_message
 from app.compaction.planner import Plan, plan, render
 from app.compaction.policy import Budget, StrategyName
-from app.compaction.truncate import truncate_message
+from app.compaction.truncate import truncate_unit
 from app.messages import check_pair_safety, group_units, is_strict_alternation, pinned_head
 from app.summarize import summary_budget
 from tests.conversations import common_prefix, conversations, simple_count
@@ -61,10 +61,11 @@ def check_all(
     assert all(a is b for a, b in zip(out[:head_end], messages[:head_end], strict=True))
     last = units[-1]
     tail = messages[last.start : last.end]
-    assert (
-        out[len(out) - len(tail) :]
-        == [truncate_message(m, result.plan.cap) if m is not tail[0] else m for m in tail]
-        or out[len(out) - len(tail) :] == tail
+    cap = result.plan.cap
+    assert out[len(out) - len(tail) :] in (
+        tail,
+        truncate_unit(tail, cap),
+        truncate_unit(tail, cap, deep=True),  # the last resort (DESIGN.md §3)
     )
     # 3. no-op is exact
     if result.tokens_before <= budget.trigger:
@@ -79,7 +80,7 @@ def check_all(
         floor = sum(simple_count(m) for m in messages[:head_end])
         shrink = "truncate" in pipeline
         floor += sum(
-            simple_count(truncate_message(m, result.plan.cap) if shrink else m) for m in tail
+            simple_count(m) for m in (truncate_unit(tail, result.plan.cap) if shrink else tail)
         )
         if is_strict_alternation(messages) and len(units) > head + 1:
             floor += simple_count(messages[units[-2].start])

@@ -20,7 +20,7 @@ from app.compaction.middle_out import drop_middle
 from app.compaction.policy import Budget, StrategyName
 from app.compaction.prune import MIN_SAVING_SHARE, PROTECT_SHARE, prune_unit
 from app.compaction.trim import advance_cut
-from app.compaction.truncate import cap_chars, truncate_message
+from app.compaction.truncate import cap_chars, truncate_unit
 from app.messages import Unit, group_units, is_strict_alternation, pinned_head
 
 MessageCounter = Callable[[Mapping[str, Any]], int]
@@ -42,6 +42,7 @@ class Plan:
     tokens_before: int
     tokens_after: int  # with the summary's reserved size when `summarize`
     strict: bool
+    deep: frozenset[int] = frozenset()  # truncated units whose texts all share the cap (§3)
 
     @property
     def changed(self) -> bool:
@@ -58,11 +59,12 @@ class _Costs:
     units: Sequence[Unit]
     count: MessageCounter
     cap: int
-    _memo: dict[tuple[int, bool, bool], tuple[list[Mapping[str, Any]], int]] = field(
+    _memo: dict[tuple[int, int, bool], tuple[list[Mapping[str, Any]], int]] = field(
         default_factory=dict
     )
 
-    def render(self, i: int, truncated: bool, pruned: bool) -> tuple[list[Mapping[str, Any]], int]:
+    def render(self, i: int, truncated: int, pruned: bool) -> tuple[list[Mapping[str, Any]], int]:
+        """Unit i and its cost; `truncated` is 0 (no), 1 (tool outputs) or 2 (deep)."""
         key = (i, truncated, pruned)
         found = self._memo.get(key)
         if found is not None:
@@ -70,7 +72,11 @@ class _Costs:
         unit = self.units[i]
         out: list[Mapping[str, Any]] = list(self.messages[unit.start : unit.end])
         if truncated:
-            out = [truncate_message(m, self.cap) for m in out]
+            cut = truncate_unit(out, self.cap, deep=truncated > 1)
+            if all(a is b for a, b in zip(cut, out, strict=True)):  # nothing to cut: as is
+                self._memo[key] = self.render(i, 0, pruned)
+                return self._memo[key]
+            out = cut
         if pruned and unit.kind in ("tool_round", "function_round"):
             out = prune_unit(out)
         result = (out, sum(self.count(m) for m in out))
@@ -78,10 +84,8 @@ class _Costs:
         return result
 
     def has_giant_output(self, i: int) -> bool:
-        unit = self.units[i]
-        return any(
-            truncate_message(m, self.cap) is not m for m in self.messages[unit.start : unit.end]
-        )
+        """Whether truncating unit i's tool outputs changes it and makes it cheaper."""
+        return self.render(i, 1, False)[1] < self.render(i, 0, False)[1]
 
 
 @dataclass(slots=True)
@@ -97,6 +101,10 @@ class _Replay:
     cut: int = 0
     dropped: set[int] = field(default_factory=set)
     truncated: set[int] = field(default_factory=set)
+    deep: set[int] = field(default_factory=set)
+    scanned: int = 0  # units before this were already checked for giant outputs
+    cut_scanned: int = 0  # positions before this were already checked by `valid_cut`
+    last_valid: int = -1  # the last of them that is a valid cut
     pruned_before: int = 0
     events: list[int] = field(default_factory=list)
 
@@ -107,7 +115,8 @@ class _Replay:
     def cost(self, i: int) -> int:
         if i in self.dropped or i < self.cut:
             return 0
-        return self.costs.render(i, i in self.truncated, i < self.pruned_before)[1]
+        level = 2 if i in self.deep else int(i in self.truncated)
+        return self.costs.render(i, level, i < self.pruned_before)[1]
 
     def view(self, k: int) -> int:
         summary = self.summary_tokens if self.summarizing and self.cut > self.head else 0
@@ -132,9 +141,7 @@ class _Replay:
             if total <= goal:
                 break
             if strategy == "truncate":
-                for i in range(self.cut, k):
-                    if i not in self.dropped and self.costs.has_giant_output(i):
-                        self.truncated.add(i)
+                self._truncate(k)
             elif strategy == "prune":
                 self._prune(k)
             elif strategy in ("trim", "summarize"):
@@ -158,6 +165,34 @@ class _Replay:
                 self.dropped |= gone
             total = self.view(k)
         return total
+
+    def _truncate(self, k: int) -> None:
+        for i in range(max(self.cut, self.scanned), k):
+            if i not in self.dropped and self.costs.has_giant_output(i):
+                self.truncated.add(i)
+        self.scanned = k
+        # Last resort (DESIGN.md §3): the units no cut can remove must fit the budget on their
+        # own, so their assistant text and answered call arguments share the cap too.
+        tail = range(self._uncuttable_from(k), k)
+        summary = self.summary_tokens if self.summarizing else 0
+        if self.head_cost + summary + sum(self.cost(i) for i in tail) <= self.budget.budget:
+            return
+        for i in tail:
+            if i in self.dropped:
+                continue
+            if self.costs.render(i, 2, False)[1] < self.costs.render(i, 1, False)[1]:
+                self.truncated.add(i)
+                self.deep.add(i)
+
+    def _uncuttable_from(self, k: int) -> int:
+        """The first of the units no cut can remove: the last unit, and before it those no valid
+        cut position separates from it (in a strict chat, the assistant message before the last
+        user message). Positions are checked once each over the whole replay."""
+        for position in range(max(self.cut_scanned, self.head + 1), k):
+            if self.valid_cut(position):
+                self.last_valid = position
+        self.cut_scanned = max(self.cut_scanned, k)
+        return max(self.last_valid, self.cut)
 
     def _prune(self, k: int) -> None:
         protect = int(PROTECT_SHARE * self.budget.budget)
@@ -228,6 +263,7 @@ def plan(
         tokens_before=before,
         tokens_after=total,
         strict=strict,
+        deep=frozenset(replay.deep),
     )
 
 
@@ -240,7 +276,7 @@ def render_span(
         unit = plan.units[i]
         chunk: list[Mapping[str, Any]] = list(messages[unit.start : unit.end])
         if i in plan.truncated:
-            chunk = [truncate_message(m, plan.cap) for m in chunk]
+            chunk = truncate_unit(chunk, plan.cap, deep=i in plan.deep)
         if i < plan.pruned_before and unit.kind in ("tool_round", "function_round"):
             chunk = prune_unit(chunk)
         out.extend(chunk)
@@ -261,7 +297,7 @@ def render(messages: Sequence[Mapping[str, Any]], plan: Plan) -> list[Mapping[st
             continue
         chunk: list[Mapping[str, Any]] = list(messages[unit.start : unit.end])
         if i in plan.truncated:
-            chunk = [truncate_message(m, plan.cap) for m in chunk]
+            chunk = truncate_unit(chunk, plan.cap, deep=i in plan.deep)
         if i < plan.pruned_before and unit.kind in ("tool_round", "function_round"):
             chunk = prune_unit(chunk)
         out.extend(chunk)

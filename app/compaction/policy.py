@@ -56,7 +56,8 @@ class Budget:
 
 
 def parse_strategy(value: Any, param: str) -> tuple[StrategyName, ...] | None:
-    """`auto` → None, `none` → (), else a comma list of known strategies in order."""
+    """`auto` → None, `none` → (), else a comma list of known strategies in order (an empty
+    value is an error)."""
     if isinstance(value, list):
         items = value
     elif isinstance(value, str):
@@ -64,9 +65,14 @@ def parse_strategy(value: Any, param: str) -> tuple[StrategyName, ...] | None:
     else:
         raise InvalidControl(f"{param} must be a string", param=param)
     names = [str(v).strip().lower() for v in items if str(v).strip()]
+    if not names:  # an empty value must not silently turn compaction off
+        raise InvalidControl(
+            f"{param} is empty; use auto, none, or a comma list of " + ", ".join(STRATEGIES),
+            param=param,
+        )
     if names == ["auto"]:
         return None
-    if names == ["none"] or not names:
+    if names == ["none"]:
         return ()
     unknown = [n for n in names if n not in STRATEGIES]
     if unknown:

@@ -1,50 +1,226 @@
-"""`truncate`: giant tool outputs shrunk in place to head and tail, with a byte-stable marker.
+"""`truncate`: long texts shrunk in place to head and tail, with a byte-stable marker.
 
-Idempotent: an output that carries the marker is never cut again.
+One cap covers a unit as a whole: all its tool outputs (parallel outputs, many text parts)
+share it, the short ones kept whole and the long ones cut to equal shares of the rest. A unit
+that no cut can remove (the last unit; in a strict chat also the assistant message right before
+the last user message) and that still does not fit is truncated *deeply*, as a last resort: its
+assistant text and the arguments of its calls that were already answered share the cap too.
+Arguments that are JSON are cut inside their string values, so they stay valid JSON.
+
+Idempotent: a text the proxy cut carries the marker exactly where a cut puts it (two thirds
+into the kept length, the text exactly as long as a cut makes it) and is never cut again; the
+same marker text anywhere else is ordinary content, cut like any other.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import orjson
+
+from app.compaction.prune import answered_calls
+
 MARKER = "\n\n[… inflight truncated {cut} chars …]\n\n"
-MARKER_RE = re.compile(r"\n\n\[… inflight truncated \d+ chars …\]\n\n")
+_MARKER_RE = re.compile(r"\n\n\[… inflight truncated ([1-9][0-9]*) chars …\]\n\n")
+_MARKER_BASE = len(MARKER.format(cut=""))  # without the digits
+_MARKER_START = MARKER.partition("{")[0]
+_MAX_DIGITS = 20
+_JSON_DEPTH = 32  # JSON arguments nested deeper are cut as plain text
 MIN_CAP_CHARS = 2_000
 CHARS_PER_TOKEN = 4
 
+TextMap = Callable[[str], str]
+
 
 def cap_chars(budget_tokens: int) -> int:
-    """The longest tool output kept whole: a tenth of the budget, at least 2,000 chars."""
+    """The text a unit keeps whole: a tenth of the budget, at least 2,000 chars."""
     return max(MIN_CAP_CHARS, budget_tokens // 10 * CHARS_PER_TOKEN)
 
 
-def _cut(text: str, cap: int) -> str:
-    if len(text) <= cap or MARKER_RE.search(text):
+def kept_length(text: str) -> int | None:
+    """How much of the original a text the proxy cut still holds; None when it was not cut.
+
+    A cut keeps `k` chars and puts the marker at `k * 2 // 3`, so the marker's position and the
+    text's length must agree, and the count in the marker must exceed twice the marker's own
+    length (a cut is only made when it saves at least that).
+    """
+    lowest = (len(text) - _MARKER_BASE - _MAX_DIGITS) * 2 // 3
+    highest = (len(text) - _MARKER_BASE - 1) * 2 // 3
+    if highest < 0 or text.find(_MARKER_START, max(0, lowest), highest + len(_MARKER_START)) < 0:
+        return None  # the common case, decided by one scan of a few chars
+    for digits in range(1, _MAX_DIGITS + 1):
+        size = _MARKER_BASE + digits
+        kept = len(text) - size
+        if kept < 0:
+            return None
+        at = kept * 2 // 3
+        found = _MARKER_RE.fullmatch(text, at, at + size)
+        if found is not None and int(found.group(1)) > 2 * size:
+            return kept
+    return None
+
+
+def cut_text(text: str, keep: int) -> str:
+    """`text` cut to `keep` chars of head and tail around a marker; the same object when it
+    fits, when the proxy already cut it, or when the cut would not remove more than twice the
+    marker's length (so a cut always saves, even counted in JSON bytes or tokens)."""
+    cut = len(text) - keep
+    marker = MARKER.format(cut=cut)
+    if cut <= 2 * len(marker) or kept_length(text) is not None:
         return text
-    head = cap * 2 // 3
-    tail = cap - head
-    return text[:head] + MARKER.format(cut=len(text) - head - tail) + text[len(text) - tail :]
+    head = keep * 2 // 3
+    return text[:head] + marker + text[head + cut :]
 
 
-def truncate_message(message: Mapping[str, Any], cap: int) -> Mapping[str, Any]:
-    """The message with its tool output cut to `cap` chars; the same object when unchanged."""
-    if message.get("role") not in ("tool", "function"):
-        return message
-    content = message.get("content")
+def shares(texts: Sequence[str], cap: int) -> list[int]:
+    """How many chars each text may keep so that together they keep at most `cap`.
+
+    Texts already cut keep what they hold; the others share the rest, short ones whole and long
+    ones an equal share of what the short ones leave.
+    """
+    kept = [kept_length(t) for t in texts]
+    allowed = [len(t) for t in texts]
+    left = max(0, cap - sum(k for k in kept if k is not None))
+    open_ = sorted((k for k in range(len(texts)) if kept[k] is None), key=allowed.__getitem__)
+    for rank, index in enumerate(open_):
+        allowed[index] = min(allowed[index], left // (len(open_) - rank))
+        left -= allowed[index]
+    return allowed
+
+
+def _map_content(content: Any, fn: TextMap) -> Any:
+    """`content` (a string or a list of parts) with each text mapped; the same object when no
+    text changed."""
     if isinstance(content, str):
-        cut = _cut(content, cap)
-        return message if cut is content else {**message, "content": cut}
-    if isinstance(content, list):
-        parts: list[Any] = []
-        changed = False
-        for part in content:
-            if isinstance(part, dict) and isinstance(part.get("text"), str):
-                cut = _cut(part["text"], cap)
-                if cut is not part["text"]:
-                    changed = True
-                    part = {**part, "text": cut}
-            parts.append(part)
-        return {**message, "content": parts} if changed else message
-    return message
+        return fn(content)
+    if not isinstance(content, list):
+        return content
+    parts: list[Any] = []
+    changed = False
+    for part in content:
+        if isinstance(part, dict) and isinstance(part.get("text"), str):
+            text = fn(part["text"])
+            if text is not part["text"]:
+                changed = True
+                part = {**part, "text": text}
+        parts.append(part)
+    return parts if changed else content
+
+
+def _nests_within(value: Any, limit: int) -> bool:
+    """Whether JSON `value` nests no more than `limit` containers deep (checked without
+    recursion: arguments are client data)."""
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth >= limit:
+                return False
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return True
+
+
+def _map_json(value: Any, fn: TextMap) -> Any:
+    if isinstance(value, str):
+        return fn(value)
+    if isinstance(value, list):
+        items = [_map_json(v, fn) for v in value]
+        return items if any(a is not b for a, b in zip(items, value, strict=True)) else value
+    if isinstance(value, dict):
+        mapped = {k: _map_json(v, fn) for k, v in value.items()}
+        return mapped if any(mapped[k] is not v for k, v in value.items()) else value
+    return value
+
+
+def _map_arguments(arguments: Any, fn: TextMap) -> Any:
+    """Call arguments with their texts mapped: the string values of JSON arguments (re-encoded
+    only when one changed), else the whole string."""
+    if not isinstance(arguments, str):
+        return arguments
+    try:
+        parsed = orjson.loads(arguments)
+    except orjson.JSONDecodeError:
+        return fn(arguments)
+    if not _nests_within(parsed, _JSON_DEPTH):
+        return fn(arguments)
+    mapped = _map_json(parsed, fn)
+    return arguments if mapped is parsed else orjson.dumps(mapped).decode()
+
+
+def _map_call(call: Any, fn: TextMap) -> Any:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or "arguments" not in function:
+        return call
+    arguments = _map_arguments(function["arguments"], fn)
+    if arguments is function["arguments"]:
+        return call
+    return {**call, "function": {**function, "arguments": arguments}}
+
+
+def _map_assistant(message: Mapping[str, Any], answered: set[int], fn: TextMap) -> dict[str, Any]:
+    """The assistant message's text and its answered calls' arguments, mapped (a new dict)."""
+    out = dict(message)
+    if "content" in message:
+        out["content"] = _map_content(message["content"], fn)
+    calls = message.get("tool_calls")
+    if isinstance(calls, list):
+        out["tool_calls"] = [
+            _map_call(call, fn) if k in answered else call for k, call in enumerate(calls)
+        ]
+        if all(a is b for a, b in zip(out["tool_calls"], calls, strict=True)):
+            out["tool_calls"] = calls
+    legacy = message.get("function_call")
+    if isinstance(legacy, dict) and "arguments" in legacy and answered:
+        arguments = _map_arguments(legacy["arguments"], fn)
+        if arguments is not legacy["arguments"]:
+            out["function_call"] = {**legacy, "arguments": arguments}
+    return out
+
+
+def _map_message(
+    message: Mapping[str, Any], deep: bool, answered: set[int], fn: TextMap
+) -> Mapping[str, Any]:
+    """The message with every text truncation may reach mapped by `fn`, in a fixed order; the
+    same object when nothing changed."""
+    role = message.get("role")
+    if role in ("tool", "function"):
+        content = message.get("content")
+        mapped = _map_content(content, fn)
+        return message if mapped is content else {**message, "content": mapped}
+    if role != "assistant" or not deep:
+        return message
+    out = _map_assistant(message, answered, fn)
+    return message if all(out[k] is message[k] for k in message) else out
+
+
+def _answered(unit: Sequence[Mapping[str, Any]]) -> set[int]:
+    """Indices of the first message's calls that the unit answers (legacy `function_call`: 0)."""
+    if len(unit) < 2 or unit[0].get("role") != "assistant":
+        return set()
+    if isinstance(unit[0].get("tool_calls"), list):
+        return {k for k in answered_calls(unit) if k is not None}
+    return {0} if unit[1].get("role") == "function" else set()
+
+
+def truncate_unit(
+    unit: Sequence[Mapping[str, Any]], cap: int, *, deep: bool = False
+) -> list[Mapping[str, Any]]:
+    """The unit's messages with their tool outputs (and, `deep`, assistant text and answered
+    call arguments) cut to share `cap` chars. Unchanged messages are the same objects."""
+    answered = _answered(unit) if deep else set()
+    texts: list[str] = []
+
+    def collect(text: str) -> str:
+        texts.append(text)
+        return text
+
+    for message in unit:
+        _map_message(message, deep, answered, collect)
+    allowed = shares(texts, cap)
+    if all(len(t) <= a for t, a in zip(texts, allowed, strict=True)):
+        return list(unit)
+    cuts = iter([cut_text(t, a) for t, a in zip(texts, allowed, strict=True)])
+    return [_map_message(m, deep, answered, lambda _: next(cuts)) for m in unit]

@@ -1,0 +1,245 @@
+"""`truncate`: one cap per unit, deep truncation of what no cut can remove, and markers the proxy
+recognises only where it wrote them."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app.compaction.engine import compact
+from app.compaction.planner import plan
+from app.compaction.policy import Budget, StrategyName
+from app.compaction.truncate import MARKER, cap_chars, cut_text, kept_length, truncate_unit
+from app.messages import check_pair_safety, is_strict_alternation
+from tests.conversations import simple_count
+
+AUTO: tuple[StrategyName, ...] = ("truncate", "prune", "trim")
+
+
+def budget(window: int) -> Budget:
+    return Budget(window=window, reserve=window // 8, threshold=0.8, target=0.5)
+
+
+def texts_of(message: Mapping[str, Any]) -> list[str]:
+    content = message.get("content")
+    if isinstance(content, str):
+        return [content]
+    if isinstance(content, list):
+        return [p["text"] for p in content if isinstance(p, dict) and "text" in p]
+    return []
+
+
+def kept_chars(texts: Sequence[str]) -> int:
+    return sum(k if (k := kept_length(t)) is not None else len(t) for t in texts)
+
+
+def call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def test_text_parts_of_one_output_share_the_cap() -> None:
+    parts = [{"type": "text", "text": f"r{i} " * 3000} for i in range(20)]
+    unit = [
+        {"role": "assistant", "content": None, "tool_calls": [call("c1", "fetch", "{}")]},
+        {"role": "tool", "tool_call_id": "c1", "content": parts},
+    ]
+    cap = cap_chars(6882)
+    out = truncate_unit(unit, cap)
+    assert out[0] is unit[0]
+    texts = texts_of(out[1])
+    assert kept_chars(texts) <= cap
+    assert all(kept_length(t) is not None for t in texts)  # every part carries its marker
+    assert [t[:50] for t in texts] == [p["text"][:50] for p in parts]  # heads kept, in order
+    assert truncate_unit(out, cap) == out  # idempotent
+
+
+def test_parallel_outputs_share_the_cap_short_ones_whole() -> None:
+    calls = [call(f"c{i}", "read", "{}") for i in range(21)]
+    unit: list[dict[str, Any]] = [{"role": "assistant", "content": None, "tool_calls": calls}]
+    unit += [{"role": "tool", "tool_call_id": f"c{i}", "content": "o" * 10_000} for i in range(20)]
+    unit.append({"role": "tool", "tool_call_id": "c20", "content": "short and whole"})
+    cap = 4_000
+    out = truncate_unit(unit, cap)
+    assert out[-1] is unit[-1]
+    kept = [kept_length(str(m["content"])) for m in out[1:-1]]
+    assert all(k is not None for k in kept)
+    assert sum(k for k in kept if k is not None) + len("short and whole") <= cap
+    assert max(k for k in kept if k is not None) - min(k for k in kept if k is not None) <= 1
+
+
+def test_a_marker_written_by_a_client_does_not_stop_truncation() -> None:
+    fake = MARKER.format(cut=5)
+    for text in (
+        fake + "x" * 20_000,
+        "x" * 10_000 + fake + "y" * 10_000,
+        "x" * 20_000 + fake,
+        "[… inflight truncated 5 chars …]" + "z" * 20_000,
+    ):
+        assert kept_length(text) is None
+        cut = cut_text(text, 2_000)
+        assert len(cut) < 2_100
+        assert kept_length(cut) == 2_000
+        assert cut_text(cut, 500) is cut  # the proxy's own cut is recognised, never cut twice
+
+
+def test_only_a_marker_at_its_exact_place_counts() -> None:
+    text = "a" * 3_000 + "b" * 3_000
+    cut = cut_text(text, 1_000)
+    assert kept_length(cut) == 1_000
+    assert kept_length(cut + "!") is None  # one char longer: the marker is not where a cut puts it
+    assert kept_length("!!!" + cut) is None
+    assert kept_length(cut.replace("truncated 5000", "truncated 9")) is None  # count too small
+
+
+def test_answered_write_file_arguments_are_cut_inside_the_json_only_deep() -> None:
+    body = "x = 1\n" * 40_000
+    arguments = json.dumps({"path": "src/app.py", "content": body})
+    unit = [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                call("w1", "write_file", arguments),
+                call("w2", "write_file", arguments),
+            ],
+        },
+        {"role": "tool", "tool_call_id": "w1", "content": "ok"},
+    ]
+    assert truncate_unit(unit, 2_000) == unit  # arguments only as the last resort
+    out = truncate_unit(unit, 2_000, deep=True)
+    first, second = out[0]["tool_calls"]
+    parsed = orjson.loads(first["function"]["arguments"])  # still valid JSON
+    assert parsed["path"] == "src/app.py"
+    assert kept_length(parsed["content"]) is not None
+    assert len(first["function"]["arguments"]) < 2_500  # 2,000 chars kept, JSON-escaped
+    assert second is unit[0]["tool_calls"][1]  # not answered: its arguments stay whole
+    assert out[1] is unit[1]
+    assert truncate_unit(out, 2_000, deep=True) == out
+
+
+def test_arguments_that_are_not_json_or_too_deep_are_cut_as_text() -> None:
+    deep_json = "[" * 40 + '"' + "d" * 9_000 + '"' + "]" * 40
+    for arguments in ("not json " * 2_000, deep_json):
+        unit = [
+            {"role": "assistant", "content": None, "function_call": {"name": "f", "arguments": arguments}},
+            {"role": "function", "name": "f", "content": "done"},
+        ]  # fmt: skip
+        out = truncate_unit(unit, 2_000, deep=True)
+        assert kept_length(out[0]["function_call"]["arguments"]) is not None
+
+
+def test_deep_truncation_reaches_assistant_text_but_never_user_text() -> None:
+    unit = [{"role": "assistant", "content": [{"type": "text", "text": "w " * 10_000}]}]
+    assert truncate_unit(unit, 2_000) == unit
+    out = truncate_unit(unit, 2_000, deep=True)
+    assert kept_length(out[0]["content"][0]["text"]) == 2_000
+    user = [{"role": "user", "content": "u " * 10_000}]
+    assert truncate_unit(user, 2_000, deep=True)[0] is user[0]
+
+
+def test_the_last_unit_fits_the_budget_whatever_it_holds() -> None:
+    head = [{"role": "system", "content": "s"}, {"role": "user", "content": "go"}]
+    arguments = json.dumps({"path": "a.py", "content": "x = 1\n" * 40_000})
+    cases = [
+        [call("c1", "fetch", "{}")],
+        [call(f"c{i}", "read", "{}") for i in range(20)],
+        [call("c1", "write_file", arguments)],
+    ]
+    outputs = [
+        [{"role": "tool", "tool_call_id": "c1", "content": [
+            {"type": "text", "text": f"r{i} " * 3000} for i in range(20)]}],
+        [{"role": "tool", "tool_call_id": f"c{i}", "content": "o " * 5_000} for i in range(20)],
+        [{"role": "tool", "tool_call_id": "c1", "content": "ok"}],
+    ]  # fmt: skip
+    window = 8192
+    for calls, answers in zip(cases, outputs, strict=True):
+        messages = [*head, {"role": "assistant", "content": None, "tool_calls": calls}, *answers]
+        result = compact(messages, AUTO, budget(window), simple_count, 0)
+        assert not result.over_budget, result.tokens_after
+        assert result.tokens_after <= budget(window).budget
+        assert check_pair_safety(result.messages) == []
+        assert result.messages[:2] == head
+
+
+def test_a_strict_chat_long_assistant_message_before_the_last_question_is_truncated() -> None:
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "word " * 20_000},
+        {"role": "user", "content": "and now?"},
+    ]
+    for pipeline in (AUTO, ("truncate", "middle-out"), ("truncate",)):
+        result = compact(messages, pipeline, budget(8192), simple_count, 0)
+        assert not result.over_budget
+        assert is_strict_alternation(result.messages)
+        assert result.messages[0] is messages[0]
+        assert result.messages[2] is messages[2]
+        assert kept_length(result.messages[1]["content"]) is not None
+
+
+def test_deep_truncation_stays_when_the_conversation_grows() -> None:
+    """Cache stability: the unit truncated deeply as a last unit keeps that form later."""
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "word " * 20_000},
+        {"role": "user", "content": "and now?"},
+    ]
+    first = compact(messages, AUTO, budget(8192), simple_count, 0).messages
+    longer = [*messages, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "k"}]
+    second = compact(longer, AUTO, budget(8192), simple_count, 0).messages
+    assert second[: len(first)] == first
+
+
+def test_plan_marks_deep_units() -> None:
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "word " * 20_000},
+        {"role": "user", "content": "and now?"},
+    ]
+    found = plan(messages, AUTO, budget(8192), simple_count, 0)
+    assert found.deep == frozenset({1}) <= found.truncated
+
+
+TEXTS = st.lists(
+    st.one_of(
+        st.text(max_size=50),
+        st.builds(lambda n, c: c * n, st.integers(0, 9_000), st.sampled_from("ab\n")),
+        st.builds(
+            lambda a, b: "q" * a + MARKER.format(cut=b) + "q" * a,
+            st.integers(0, 3_000),
+            st.integers(1, 99_999),
+        ),
+    ),
+    min_size=1,
+    max_size=6,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(texts=TEXTS, cap=st.integers(0, 12_000), deep=st.booleans())
+def test_truncation_never_lengthens_and_is_idempotent(
+    texts: list[str], cap: int, deep: bool
+) -> None:
+    calls = [call(f"c{k}", "t", json.dumps({"v": t})) for k, t in enumerate(texts)]
+    unit: list[dict[str, Any]] = [{"role": "assistant", "content": texts[0], "tool_calls": calls}]
+    unit += [
+        {"role": "tool", "tool_call_id": f"c{k}", "content": [{"type": "text", "text": t}]}
+        for k, t in enumerate(texts)
+    ]
+    out = truncate_unit(unit, cap, deep=deep)
+    assert len(out) == len(unit)
+    for before, after in zip(unit, out, strict=True):
+        assert len(orjson.dumps(after)) <= len(orjson.dumps(before))
+        assert after.keys() == before.keys()
+    assert all(
+        orjson.loads(c["function"]["arguments"]).keys() == {"v"} for c in out[0]["tool_calls"]
+    )
+    assert truncate_unit(out, cap, deep=deep) == out
+    outputs = [t for m in out[1:] for t in texts_of(m)]
+    fresh = [t for t in texts if kept_length(t) is None]
+    if all(len(t) > cap + 100 for t in fresh) and len(fresh) == len(texts):
+        assert kept_chars(outputs) <= cap

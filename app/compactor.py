@@ -17,7 +17,7 @@ import orjson
 
 from app.chat import Exchange
 from app.compaction.engine import CompactionResult, compact
-from app.compaction.planner import plan
+from app.compaction.planner import Plan, plan
 from app.compaction.policy import (
     Budget,
     Controls,
@@ -56,6 +56,7 @@ class Preview:
     summary_usage: SummaryUsage
     fallback: str | None
     summary_model: str
+    error: str | None = None  # compaction itself failed: what the request got instead, and why
 
 
 def report_headers(preview: Preview) -> dict[str, str]:
@@ -78,6 +79,8 @@ def report_headers(preview: Preview) -> dict[str, str]:
         headers["X-Compaction-Summary-Completion-Tokens"] = str(usage.completion_tokens)
     if preview.fallback is not None:
         headers["X-Compaction-Summary-Fallback"] = preview.fallback[:200]
+    if preview.error is not None:
+        headers["X-Compaction-Fallback"] = preview.error[:200]
     return headers
 
 
@@ -129,9 +132,14 @@ class CompactionService:
         can_summarize = self._summaries is not None and self._completer_for is not None
         pipeline = resolve_pipeline(strategies, summarizer_available=can_summarize)
         summary_model = controls.summary_model or self._settings.summary_model or model
-        outcome = await self._compact(
-            body, pipeline, budget, model, summary_model, base_url, headers
-        )
+        error = None
+        try:
+            outcome = await self._compact(
+                body, pipeline, budget, model, summary_model, base_url, headers
+            )
+        except Exception as exc:  # any compaction bug: fall back, never a 500
+            logger.exception("compaction failed for %s, falling back to trim", model)
+            outcome, error = self._fallback(exc, body, pipeline, budget, model)
         result, usage, fallback = outcome
         return Preview(
             body,
@@ -145,7 +153,35 @@ class CompactionService:
             usage,
             fallback,
             summary_model,
+            error,
         )
+
+    def _fallback(
+        self,
+        exc: Exception,
+        body: dict[str, Any],
+        pipeline: tuple[StrategyName, ...],
+        budget: Budget,
+        model: str,
+    ) -> tuple[tuple[CompactionResult, SummaryUsage, str | None], str]:
+        """After an unexpected error in compaction: plain `trim` (nothing when the request asked
+        for no compaction), or if that fails too, the messages as received. The string says what
+        the request got and why."""
+        why = f"{type(exc).__name__} in compaction"
+        messages = body["messages"]
+        trimmed: tuple[StrategyName, ...] = ("trim",) if pipeline else ()
+        try:
+            result = compact(
+                messages,
+                trimmed,
+                budget,
+                lambda m: self._counter.count_message(model, m),
+                self._counter.count_fixed(model, body),
+            )
+        except Exception:
+            logger.exception("trim failed too for %s; forwarding the messages as received", model)
+            return (as_received(messages), SummaryUsage(), None), f"none: {why}"
+        return (result, SummaryUsage(), None), f"{trimmed[0] if trimmed else 'none'}: {why}"
 
     async def _compact(
         self,
@@ -263,6 +299,26 @@ class CompactionService:
             return False  # a header forces this window, or nothing more can be cut: no retry
         self._apply(exchange, preview)
         return True
+
+
+def as_received(messages: list[Any]) -> CompactionResult:
+    """The result that forwards `messages` untouched, for when compaction cannot run at all
+    (token counts unknown: reported as 0)."""
+    nothing = Plan(
+        units=(),
+        head=0,
+        cut=0,
+        dropped=frozenset(),
+        truncated=frozenset(),
+        pruned_before=0,
+        cap=0,
+        events=(),
+        summarize=False,
+        tokens_before=0,
+        tokens_after=0,
+        strict=False,
+    )
+    return CompactionResult(messages, (), 0, 0, len(messages), len(messages), False, nothing)
 
 
 def preview_report(preview: Preview) -> dict[str, Any]:

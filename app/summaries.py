@@ -108,6 +108,10 @@ class SingleFlight:
         self._lock_ttl = lock_ttl
         self._poll = poll
 
+    async def cached(self, key: str) -> str | None:
+        """The finished value of `key`, without computing it."""
+        return await self._cache.get(key)
+
     async def get_or_compute(self, key: str, compute: Callable[[], Awaitable[str]]) -> str:
         cached = await self._cache.get(key)
         if cached is not None:

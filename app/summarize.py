@@ -2,11 +2,11 @@
 
 The pure planner decides which span a summary replaces (its cut only moves at compaction
 events). Here the summary for the current cut is found or made: from the cache (keyed by a hash
-of the summarised span, the model and the prompt version); else by updating the summary of the
-previous event's cut with the newly cut span (one upstream call per event); else, on a cold
-cache, from scratch in chunks that each fit the summariser's window. Any failure — error
-status, timeout, empty or oversized answer — raises `SummaryFailed`; the caller falls back to
-`trim` for that request.
+of the summarised span, the model and the prompt version); else by updating the newest cached
+summary of an earlier event's cut with everything cut since (one upstream call per event when
+the cache is warm); else, on a cold cache, from scratch — always in chunks that each fit the
+summariser's window. Any failure — error status, timeout, empty or oversized answer — raises
+`SummaryFailed`; the caller falls back to `trim` for that request.
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ class Summaries:
                 raise SummaryFailed("the summary of this span failed recently; not retried yet")
             del self._failed[job.key]
         try:
-            return await self._chain(job, keys, len(keys) - 1)
+            return await self._flight.get_or_compute(job.key, lambda: self._roll(job, keys))
         except SummaryFailed:
             self.mark_failed(job)
             raise
@@ -125,20 +125,20 @@ class Summaries:
         while len(self._failed) > self._max_failures:
             self._failed.popitem(last=False)
 
-    async def _chain(self, job: SummaryJob, keys: list[tuple[int, str]], index: int) -> str:
-        end, key = keys[index]
-
-        async def compute() -> str:
-            previous: str | None = None
-            start = job.plan.head
-            if index > 0:
-                previous = await self._chain(job, keys, index - 1)
-                start = keys[index - 1][0]
-            # What leaves the prompt, as the prompt showed it (pruned outputs as placeholders).
-            span = render_span(job.messages, job.plan, start, end)
-            return await self._summarize(job, span, previous)
-
-        return await self._flight.get_or_compute(key, compute)
+    async def _roll(self, job: SummaryJob, keys: list[tuple[int, str]]) -> str:
+        """The summary for the newest cut: the newest cached summary of an earlier cut updated
+        with everything cut since, in as few chunks as fit the summariser — a loop, never a
+        recursion, however many events the history holds."""
+        previous: str | None = None
+        start = job.plan.head
+        for end, key in reversed(keys[:-1]):
+            cached = await self._flight.cached(key)
+            if cached is not None:
+                previous, start = cached, end
+                break
+        # What leaves the prompt, as the prompt showed it (pruned outputs as placeholders).
+        span = render_span(job.messages, job.plan, start, keys[-1][0])
+        return await self._summarize(job, span, previous)
 
     async def _summarize(
         self, job: SummaryJob, span: Sequence[Mapping[str, Any]], previous: str | None

@@ -12,12 +12,16 @@ import httpx
 import orjson
 import pytest
 
+from app.compaction.planner import plan
+from app.compaction.policy import Budget
 from app.factory import create_app
 from app.settings import Settings
+from app.summaries import MemoryCache, SingleFlight
+from app.summarize import Summaries, SummaryJob, span_keys
 from app.summarizer import SummaryPrompt, chunk_transcript, render_message
 from tests.conftest import make_settings
-from tests.conversations import common_prefix
-from tests.fake_upstream import FakeUpstream
+from tests.conversations import common_prefix, simple_count
+from tests.fake_upstream import FakeUpstream, completion
 from tests.redis_server import redis_url
 from tests.support import request_points
 
@@ -285,3 +289,42 @@ def test_prompt_file_is_valid_and_versioned(tmp_path: Path) -> None:
     bad.write_text("no slots here")
     with pytest.raises(ValueError, match="transcript"):
         SummaryPrompt.load(bad)
+
+
+async def test_a_cold_chain_resumes_from_the_newest_cached_summary() -> None:
+    """After a restart (or on a replica without the shared cache) only an older event's summary
+    is cached: it is updated with everything cut since, in chunks — not rebuilt event by event,
+    and with no recursion however many events the history holds."""
+    messages = agent_log(120)
+    summary_tokens = 256
+    the_plan = plan(messages, ("summarize",), Budget(8192, 256, 0.8, 0.5), simple_count, 0, 256)
+    prompt = SummaryPrompt.load(CONFIG / "summary_prompt.md")
+    keys = span_keys(messages, the_plan, "m", prompt)
+    assert len(keys) >= 4
+    cache = MemoryCache()
+    resume_at, key = keys[1]
+    await cache.set(key, "OLDER SUMMARY")
+    prompts: list[str] = []
+
+    async def complete(body: dict[str, Any]) -> tuple[int, bytes]:
+        prompts.append(body["messages"][0]["content"])
+        return 200, orjson.dumps(completion("m", f"rolled {len(prompts)}", 30))
+
+    job = SummaryJob(
+        messages=messages,
+        plan=the_plan,
+        model="m",
+        complete=complete,
+        summary_tokens=summary_tokens,
+        chunk_tokens=100_000,
+        count_text=lambda text: len(text) // 4,
+    )
+    text = await Summaries(prompt, SingleFlight(cache)).summary_for(job)
+    assert text == "rolled 1"  # one call: the whole span since the cached event fits one chunk
+    assert "<previous_summary>\nOLDER SUMMARY\n</previous_summary>" in prompts[0]
+    first_kept = messages[the_plan.units[resume_at].start]
+    assert str(first_kept["content"])[:40] in prompts[0]
+    before = messages[the_plan.units[resume_at].start - 1]
+    assert str(before["content"])[:40] not in prompts[0]  # already in the cached summary
+    assert await cache.get(keys[-1][1]) == "rolled 1"
+    assert [await cache.get(k) for _, k in keys[2:-1]] == [None] * (len(keys) - 3)

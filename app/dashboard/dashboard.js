@@ -99,14 +99,22 @@
   function renderFacts(stats) {
     const facts = $("summaries");
     facts.replaceChildren();
-    const rows = [["summary calls", int(stats.summary_calls)],
-      ["summary cost", usd((stats.cost || {}).summaries)]];
-    const walk = (prefix, value) => {
-      if (value && typeof value === "object") {
-        for (const [k, v] of Object.entries(value)) walk(prefix ? prefix + " " + k : k, v);
-      } else rows.push([prefix, typeof value === "number" ? int(value) : String(value)]);
+    const s = stats.summaries || {};
+    const rows = [["summary calls recorded", int(stats.summary_calls)],
+      ["their cost", usd((stats.cost || {}).summaries)]];
+    const byReason = (label, counts) => {
+      for (const [reason, n] of Object.entries(counts || {}).sort((a, b) => b[1] - a[1])) {
+        rows.push([label + ": " + reason, int(n)]);
+      }
     };
-    walk("", stats.summaries || {});
+    if (typeof s.calls === "number") {
+      const since = typeof s.since === "number" ? " since " + new Date(s.since * 1000).toLocaleString() : "";
+      rows.push(["calls" + since, int(s.calls)], ["failed calls", int(s.failed_calls)]);
+      byReason("failed", s.failures);
+      rows.push(["timeouts", int(s.timeouts)]);
+      rows.push(["fell back to trim", int(Object.values(s.fallbacks || {}).reduce((a, b) => a + b, 0))]);
+      byReason("fell back", s.fallbacks);
+    }
     for (const [name, value] of rows) facts.append(el("dt", name), el("dd", value));
   }
 

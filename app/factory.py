@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 import httpx
 from fastapi import FastAPI
@@ -31,7 +31,7 @@ from app.routes import chat, compaction, dashboard, ops, passthrough
 from app.settings import Settings
 from app.state import AppState
 from app.stores import open_store
-from app.summaries import SingleFlight, open_cache
+from app.summaries import SingleFlight, SummaryCache, open_cache
 from app.summarize import Summaries
 from app.summarizer import Completer, SummaryPrompt
 from app.summary_stats import CountedCompleter, SummaryStats
@@ -40,6 +40,8 @@ from app.upstream import Upstream, summary_completer
 from app.usage import UsageQueue, UsageRecord, UsageStore
 
 logger = logging.getLogger(__name__)
+
+Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
 
 
 class _NotFound(BadRequest):
@@ -70,6 +72,50 @@ async def _unexpected_error_handler(request: Request, exc: Exception) -> Respons
     return ProxyError("internal error in the proxy").to_response()
 
 
+def _compaction(
+    settings: Settings,
+    upstream: Upstream,
+    table: ModelTable,
+    counter: ChatTokenCounter,
+    summary_stats: SummaryStats,
+) -> tuple[CompactionService, WindowRegistry, SummaryCache]:
+    """The compaction service with its window registry and summary cache (closed at shutdown)."""
+
+    async def discover(base_url: str, model: str) -> int | None:
+        return await discover_window(upstream, base_url, model)
+
+    windows = WindowRegistry(table, discover, ttl=settings.discovery_ttl)
+    prompt = SummaryPrompt.load(settings.config_file("summary_prompt.md"))
+    cache = open_cache(settings.cache_url)
+    summaries = Summaries(prompt, SingleFlight(cache))
+
+    def completer_for(model: str, headers: Mapping[str, str]) -> Completer:
+        complete = summary_completer(upstream, model, headers, settings.summary_timeout)
+        return CountedCompleter(complete, summary_stats)
+
+    compactor = CompactionService(settings, counter, windows, summaries, completer_for)
+    return compactor, windows, cache
+
+
+def _lifespan(state: AppState, cache: SummaryCache) -> Lifespan:
+    """Startup (banner, store, usage writer) and shutdown (flush, then close everything)."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        log_banner(state.settings, state.encodings_missing)
+        await state.store.open()
+        await state.queue.start()
+        try:
+            yield
+        finally:
+            await state.queue.close()  # flush every record before the store closes
+            await state.store.close()
+            await state.upstream.aclose()
+            await cache.close()
+
+    return lifespan
+
+
 def create_app(
     settings: Settings,
     *,
@@ -82,22 +128,8 @@ def create_app(
     upstream = Upstream(settings, routes=table, transport=transport)
     encodings = load_encodings()
     counter = ChatTokenCounter(encodings, table)
-
-    async def discover(base_url: str, model: str) -> int | None:
-        return await discover_window(upstream, base_url, model)
-
-    windows = WindowRegistry(table, discover, ttl=settings.discovery_ttl)
-    prompt = SummaryPrompt.load(settings.config_file("summary_prompt.md"))
-    cache = open_cache(settings.cache_url)
-    summaries = Summaries(prompt, SingleFlight(cache))
-
     summary_stats = SummaryStats()
-
-    def completer_for(model: str, headers: Mapping[str, str]) -> Completer:
-        complete = summary_completer(upstream, model, headers, settings.summary_timeout)
-        return CountedCompleter(complete, summary_stats)
-
-    compactor = CompactionService(settings, counter, windows, summaries, completer_for)
+    compactor, windows, cache = _compaction(settings, upstream, table, counter, summary_stats)
 
     meter = CostMeter(PriceTable.load(settings.config_file("prices.toml")))
     store = store if store is not None else open_store(settings.database_url)
@@ -129,21 +161,7 @@ def create_app(
         metrics=metrics,
         encodings_missing=encodings.missing,
     )
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        log_banner(settings, encodings.missing)
-        await store.open()
-        await queue.start()
-        try:
-            yield
-        finally:
-            await queue.close()  # flush every record before the store closes
-            await store.close()
-            await upstream.aclose()
-            await cache.close()
-
-    app = FastAPI(title="inflight", version=__version__, lifespan=lifespan)
+    app = FastAPI(title="inflight", version=__version__, lifespan=_lifespan(state, cache))
     app.state.inflight = state
     app.add_exception_handler(ProxyError, proxy_error_handler)
     app.add_exception_handler(HTTPException, _http_error_handler)

@@ -230,11 +230,25 @@ def test_malformed_price_table_stops_the_proxy_naming_the_file(tmp_path: Path) -
         create_app(make_settings(tmp_path, config_dir=config))
 
 
-def test_without_a_price_table_everything_is_unpriced(tmp_path: Path) -> None:
+async def test_a_config_dir_without_prices_uses_the_packaged_table(
+    tmp_path: Path, fake: FakeUpstream
+) -> None:
     config = tmp_path / "config"
-    shutil.copytree(CONFIG, config)
-    (config / "prices.toml").unlink()
-    create_app(make_settings(tmp_path, config_dir=config))  # starts
+    config.mkdir()  # a CONFIG_DIR holding only what it changes: here nothing
+    store = WatchedStore()
+    app = create_app(
+        make_settings(tmp_path, config_dir=config),
+        transport=httpx.ASGITransport(app=fake.app),
+        store=store,
+    )
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://p") as client,
+    ):
+        await _chat(client, "gpt-4o", _messages(1))
+        await store.written(1)
+        stats = (await client.get("/stats")).json()
+    assert stats["cost"]["actual"] == pytest.approx((11 * 2.5 + 2 * 10) / 1e6)
 
 
 # --- the stores --------------------------------------------------------------------------------

@@ -292,3 +292,35 @@ def test_bodies_without_history_have_no_conversation() -> None:
     assert conversation_items({"model": "m", "messages": []}) is None
     assert conversation_items({"model": "m", "input": "a string"}) is None
     assert conversation_items({"model": "m", "input": [{"role": "user", "content": "x"}]})
+
+
+# --- `inflight stats` ----------------------------------------------------------------------------
+
+
+def test_inflight_stats_prints_dollars() -> None:
+    from app.stats_view import render_stats, usd
+
+    def cost(actual: float, baseline: float, summaries: float = 0.0) -> dict[str, object]:
+        return {"currency": "USD", "actual": actual, "baseline": baseline,
+                "saved": baseline - actual, "summaries": summaries, "unpriced_requests": 0}  # fmt: skip
+
+    stats = {
+        "requests": 3,
+        "cost": {**cost(1.25, 3.5, 0.0123), "unpriced_requests": 2},
+        "models": {
+            "gpt-4.1": {"requests": 2, "tokens_in": 10, "cost": cost(1.25, 3.5, 0.0123)},
+            "local": {"requests": 1, "tokens_in": 5, "cost": cost(0.0, 0.0)},
+        },
+    }
+    text = render_stats(stats)
+    assert (
+        "  all models                 $1.25              $3.50      $2.25   64% of the baseline"
+        in text
+    )
+    assert "  gpt-4.1                    $1.25              $3.50      $2.25" in text
+    assert (
+        "local " not in text.split("dollars")[1].split("of which")[0]
+    )  # nothing spent, not listed
+    assert "of which summary calls $0.0123; unpriced requests 2" in text
+    assert (usd(0.00005), usd(-2.5), usd(1234.5)) == ("$0.0001", "-$2.50", "$1,234.50")
+    assert "dollars" not in render_stats({"requests": 0})  # an old proxy without `cost`

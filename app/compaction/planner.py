@@ -103,8 +103,6 @@ class _Replay:
     truncated: set[int] = field(default_factory=set)
     deep: set[int] = field(default_factory=set)
     scanned: int = 0  # units before this were already checked for giant outputs
-    cut_scanned: int = 0  # positions before this were already checked by `valid_cut`
-    last_valid: int = -1  # the last of them that is a valid cut
     pruned_before: int = 0
     events: list[int] = field(default_factory=list)
 
@@ -187,12 +185,11 @@ class _Replay:
     def _uncuttable_from(self, k: int) -> int:
         """The first of the units no cut can remove: the last unit, and before it those no valid
         cut position separates from it (in a strict chat, the assistant message before the last
-        user message). Positions are checked once each over the whole replay."""
-        for position in range(max(self.cut_scanned, self.head + 1), k):
-            if self.valid_cut(position):
-                self.last_valid = position
-        self.cut_scanned = max(self.cut_scanned, k)
-        return max(self.last_valid, self.cut)
+        user message). At most the span `advance_cut` walks anyway."""
+        start = k - 1
+        while start > self.cut and not self.valid_cut(start):
+            start -= 1
+        return start
 
     def _prune(self, k: int) -> None:
         protect = int(PROTECT_SHARE * self.budget.budget)

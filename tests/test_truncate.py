@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.compaction.engine import compact
@@ -16,7 +16,7 @@ from app.compaction.planner import plan
 from app.compaction.policy import Budget, StrategyName
 from app.compaction.truncate import MARKER, cap_chars, cut_text, kept_length, truncate_unit
 from app.messages import check_pair_safety, is_strict_alternation
-from tests.conversations import simple_count
+from tests.conversations import conversations, simple_count
 
 AUTO: tuple[StrategyName, ...] = ("truncate", "prune", "trim")
 
@@ -243,3 +243,48 @@ def test_truncation_never_lengthens_and_is_idempotent(
     fresh = [t for t in texts if kept_length(t) is None]
     if all(len(t) > cap + 100 for t in fresh) and len(fresh) == len(texts):
         assert kept_chars(outputs) <= cap
+
+
+@st.composite
+def heavy_last_round(draw: st.DrawFn) -> list[dict[str, Any]]:
+    """A last tool round as agents send them: parallel calls, outputs in text parts, and maybe
+    a `write_file` whose arguments hold a whole file."""
+    n = draw(st.integers(1, 12))
+    body = "line\n" * draw(st.integers(0, 30_000))
+    calls = [
+        call(f"w{k}", "write_file", json.dumps({"path": f"f{k}", "content": body}))
+        for k in range(n)
+    ]
+    parts = st.lists(st.integers(0, 20_000), min_size=1, max_size=5)
+    answers = [
+        {"role": "tool", "tool_call_id": f"w{k}",
+         "content": [{"type": "text", "text": f"out{k} " * (size // 5)} for size in draw(parts)]}
+        for k in range(n)
+    ]  # fmt: skip
+    return [{"role": "assistant", "content": draw(TEXTS)[0], "tool_calls": calls}, *answers]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    history=conversations(),
+    last=heavy_last_round(),
+    window=st.sampled_from([2048, 8192, 32768]),
+)
+def test_the_last_unit_fits_whenever_its_text_allows(
+    history: list[dict[str, Any]], last: list[dict[str, Any]], window: int
+) -> None:
+    """Over generated tool-calling conversations: whenever the head plus the last unit truncated
+    as deeply as truncation goes fit the budget, the compacted request fits it."""
+    messages = [*history, *last]
+    result = compact(messages, AUTO, budget(window), simple_count, 0)
+    assert check_pair_safety(result.messages) == []
+    head = result.plan.units[result.plan.head - 1].end
+    floor = sum(simple_count(m) for m in messages[:head])
+    floor += sum(simple_count(m) for m in truncate_unit(last, result.plan.cap, deep=True))
+    if floor <= budget(window).budget:
+        assert not result.over_budget, (floor, result.tokens_after)
+    assert result.messages[len(result.messages) - len(last) :] in (
+        last,
+        truncate_unit(last, result.plan.cap),
+        truncate_unit(last, result.plan.cap, deep=True),
+    )

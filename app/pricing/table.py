@@ -17,6 +17,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
+MEMO_SIZE = 4096  # model names whose lookup is remembered
+
 
 class PriceTableError(ValueError):
     """`prices.toml` cannot be read or is malformed (a startup error that names the file)."""
@@ -90,6 +92,7 @@ class PriceTable(BaseModel):
     baseline: BaselineRules = BaselineRules()
     price: tuple[ModelPrice, ...] = ()
     _compiled: tuple[tuple[re.Pattern[str], ...], ...] = PrivateAttr(default=())
+    _known: dict[str, ModelPrice | None] = PrivateAttr(default_factory=dict)
 
     def model_post_init(self, context: Any, /) -> None:
         self._compiled = tuple(
@@ -117,9 +120,20 @@ class PriceTable(BaseModel):
             raise PriceTableError(f"invalid price table {name}: {exc}") from exc
 
     def lookup(self, model: str) -> ModelPrice | None:
+        """The price of `model`, or None (unpriced). Answers are remembered for the first
+        `MEMO_SIZE` names (client-chosen: bounded)."""
+        if model in self._known:
+            return self._known[model]
         name = model.lower()
         bare = name.rsplit("/", 1)[-1]
-        for entry, globs in zip(self.price, self._compiled, strict=True):
-            if any(glob.match(name) or glob.match(bare) for glob in globs):
-                return entry
-        return None
+        found = next(
+            (
+                entry
+                for entry, globs in zip(self.price, self._compiled, strict=True)
+                if any(glob.match(name) or glob.match(bare) for glob in globs)
+            ),
+            None,
+        )
+        if len(self._known) < MEMO_SIZE:
+            self._known[model] = found
+        return found

@@ -41,6 +41,7 @@ RELATIVE_NOISE = 0.02
 DEADBAND = 0.02  # the correction in use moves when some count would change by more than this
 DEADBAND_FLOOR = 256  # ... relative to at least this many tokens (short prompts wobble by a few)
 MAX_MODELS = 1024  # model names come from clients: bounded
+MIN_ACTUAL = 16  # a smaller count is a placeholder or a prompt of pure framing: nothing to learn
 MAX_SOLVER_STEPS = 64  # the active-set solver needs a few; this bounds it whatever the input
 # Prior stiffness per parameter toward "no correction", in the units of the weighted sum of
 # squares (a short prompt weighs about 1/256, a 3,000-token one 1/3,900). `content`: a twentieth
@@ -284,6 +285,18 @@ def reaching(correction: Correction, obs: Observation, bounds: Bounds) -> Correc
     return raised
 
 
+def plausible(obs: Observation, bounds: Bounds) -> bool:
+    """Whether `obs` can be a prompt's size: at least `MIN_ACTUAL` tokens, and within a factor
+    of two of what some correction within `bounds` predicts. A count far
+    outside says something else (a server reporting only what it did not have cached, a
+    placeholder): fitted, it would drag every parameter to a bound."""
+    ends = [
+        sum(limit[side] * f for limit, f in zip(bounds.limits(), obs.features(), strict=True))
+        for side in (0, 1)
+    ]
+    return obs.actual >= MIN_ACTUAL and ends[0] / 2 <= obs.actual <= 2 * ends[1]
+
+
 class Calibration:
     """Recent observations and the correction in use, per model; thread-safe, bounded."""
 
@@ -307,7 +320,7 @@ class Calibration:
     ) -> None:
         """Add one observation and refit; `overflowed`: the upstream rejected this prompt as too
         long, so the fit applies at once and counts it at least at `obs.actual`."""
-        if obs.raw <= 0 or obs.actual <= 0:
+        if obs.raw <= 0 or obs.actual <= 0 or not plausible(obs, bounds):
             return
         with self._lock:
             history = self._history.get(model)

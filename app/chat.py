@@ -57,7 +57,8 @@ class Compactor(Protocol):
         """Set `exchange.forward`, its body and report headers."""
 
     async def recover(self, exchange: Exchange, base_url: str, status: int, content: bytes) -> bool:
-        """After an upstream overflow error: learn the window, recompact; True to retry once."""
+        """After an upstream overflow error: learn the window, recalibrate, recompact; True to
+        retry once (only when the new body differs from the one that failed)."""
 
 
 ExchangeHook = Callable[[Exchange], Awaitable[None]]

@@ -279,25 +279,36 @@ class CompactionService:
         exchange.headers.update(report_headers(preview))
 
     async def recover(self, exchange: Exchange, base_url: str, status: int, content: bytes) -> bool:
+        """After an upstream overflow error: learn the window it states, recalibrate the counter
+        on the prompt size it states (DESIGN.md §8), and compact again. True (retry once) only
+        when that changes what is sent: the same prompt would fail the same way."""
         info = parse_overflow(status, content)
-        if info is None or info.window is None:
+        if info is None or (info.window is None and info.prompt_tokens is None):
             return False
-        if exchange.context_limit is not None and info.window >= exchange.context_limit:
-            # Our window was right; the estimate was low. Learn a tighter window anyway so the
-            # retry is compacted harder (the calibration factor will catch up on the counter).
-            learned = max(1, int(info.window * 0.9))
-        else:
-            learned = info.window
-        self._windows.learn(base_url, exchange.model, learned)
-        logger.info(
-            "upstream overflow for %s: learned window %d, compacting and retrying once",
-            exchange.model,
-            learned,
-        )
+        model = exchange.model
+        if info.window is not None:
+            self._windows.learn(base_url, model, info.window)
+        if info.prompt_tokens is not None:
+            self._counter.observe(model, exchange.body, info.prompt_tokens, overflowed=True)
         preview = await self.plan(exchange.request_headers, orjson.loads(exchange.raw), base_url)
-        if preview.window == exchange.context_limit and not preview.result.applied:
-            return False  # a header forces this window, or nothing more can be cut: no retry
+        if info.window is not None and info.window < preview.window:
+            logger.warning(
+                "upstream says %s holds %d tokens, but the %s limit of %d wins",
+                model, info.window, preview.limit_source, preview.window,
+            )  # fmt: skip
+        result = preview.result
+        retry = {**preview.body, "messages": list(result.messages)} if result.applied else None
+        if (retry or preview.body) == exchange.body:
+            logger.info("upstream overflow for %s: nothing more to cut, relaying it", model)
+            return False
+        logger.info(
+            "upstream overflow for %s (window %s, prompt %s tokens): retrying with %d",
+            model, info.window, info.prompt_tokens, result.tokens_after,
+        )  # fmt: skip
         self._apply(exchange, preview)
+        if retry is None:  # what failed was compacted; the request as received is what fits now
+            exchange.body = preview.body
+            exchange.forward = orjson.dumps(preview.body) if preview.changed_body else exchange.raw
         return True
 
 

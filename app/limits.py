@@ -1,9 +1,10 @@
 """Context windows: the model table, the output reserve, and the window precedence.
 
 Precedence (DESIGN.md §5): request header > `INFLIGHT_CONTEXT_LIMIT` > learned from an
-upstream overflow error > discovered from the upstream > `models.toml` > fallback. One
-exception: a learned window also caps a forced one that is larger, because the upstream has
-proved it cannot hold more (otherwise the overflow retry would fail the same way).
+upstream overflow error > discovered from the upstream > `models.toml` > fallback. A learned
+window is the upstream's own statement, so it replaces what discovery said (a server started
+with a smaller context than it advertises); it is never more than that: an explicit limit, from
+the client or the operator, always wins over it.
 """
 
 from __future__ import annotations
@@ -156,18 +157,9 @@ def resolve_window(
     fallback: int,
 ) -> Window:
     """The precedence, as a pure function of every candidate (None = that source is silent)."""
-    forced = (
-        Window(header, LimitSource.HEADER)
-        if header is not None
-        else Window(setting, LimitSource.SETTING)
-        if setting is not None
-        else None
-    )
-    if forced is not None:
-        if learned is not None and learned < forced.tokens:
-            return Window(learned, LimitSource.LEARNED)
-        return forced
     for value, source in (
+        (header, LimitSource.HEADER),
+        (setting, LimitSource.SETTING),
         (learned, LimitSource.LEARNED),
         (discovered, LimitSource.DISCOVERED),
         (table, LimitSource.TABLE),
@@ -217,7 +209,8 @@ class WindowRegistry:
         return self._table
 
     def learn(self, base_url: str, model: str, window: int) -> None:
-        """Remember the window an upstream's overflow error named."""
+        """Remember the window an upstream's overflow error named (exactly that: a prompt that
+        fits it but still failed was miscounted, which is calibration's business)."""
         _bounded_put(self._learned, (base_url, model), window, self._max_keys)
 
     def learned(self) -> dict[str, int]:

@@ -207,3 +207,18 @@ async def test_the_proxy_calibrates_from_usage_and_reports_it(
     detail = stats["calibration_detail"]["qwen-local"]
     # no system message in any request: the cost is shared with `without_system`
     assert detail["per_request"] + detail["without_system"] == pytest.approx(50, abs=3)
+
+
+def test_an_implausible_count_is_ignored() -> None:
+    """A count no bounded correction comes within a factor of two of (a placeholder, a server
+    reporting only what it did not have cached) is not a prompt size: it must not drag the
+    fit to its bounds."""
+    calibration = Calibration()
+    for _ in range(5):
+        calibration.observe("m", Observation(8000, 40, 7600), HEURISTIC_BOUNDS)
+    settled = calibration.correction("m")
+    for _ in range(20):
+        calibration.observe("m", Observation(8000, 40, 11), HEURISTIC_BOUNDS)
+        calibration.observe("m", Observation(8000, 40, 80_000), HEURISTIC_BOUNDS)
+    assert calibration.correction("m") == settled
+    assert len(calibration._history["m"]) == 5

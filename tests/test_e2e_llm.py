@@ -6,6 +6,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
@@ -206,3 +207,77 @@ def test_tool_conversation_over_the_window_passes_the_real_chat_template(
     assert result.usage.prompt_tokens <= 4096
     assert {"prune", "trim"} & set(raw.headers["x-compaction-applied"].split(","))
     assert int(raw.headers["x-compaction-messages-after"]) < len(messages)
+
+
+_QUESTIONS = [
+    "Reply with the single word: pong",
+    "Here is a function: def add(a, b): return a + b. It is called with two strings and "
+    "returns their concatenation instead of failing. Is that a bug? Answer yes or no.",
+    "Our nightly build log shows: step compile passed in 41s; step lint passed in 9s; step "
+    "test failed after 113s with 3 errors in parser_test.py (lines 18, 77 and 102); step "
+    "package skipped. Which step failed? Answer in one word.",
+    "Translate to French and reply with the translation only: the meeting moved to Thursday "
+    "at ten because the projector in room four is broken again.",
+    "List the prime numbers below 30 separated by commas, and nothing else: 2, 3, 5, ...",
+]
+
+
+def _server_count(client: httpx.Client, body: dict[str, Any]) -> int:
+    """The server's own prompt count for a chat body: its chat template, then its tokenizer
+    (what it reports as `usage.prompt_tokens`, without running the model)."""
+    root = (LLM_URL or "").removesuffix("/v1")
+    prompt = client.post(root + "/apply-template", json=body).json()["prompt"]
+    tokens = client.post(root + "/tokenize", json={"content": prompt, "parse_special": True})
+    return len(tokens.json()["tokens"])
+
+
+@pytest.mark.timeout(300)  # ~2,000 prompt tokens to process on a shared, slow server
+def test_calibration_after_short_and_long_requests_matches_the_server(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """After a mix of short requests (mostly chat-template overhead: Qwen's default system
+    prompt, role markers) and long ones through the proxy, `/v1/compaction/count` for a
+    ~3,000-token conversation is within 5 % of what the server counts for the same body. A
+    single multiplicative factor learned on the short ones overshot by 14 %."""
+    assert LLM_URL is not None
+    settings = make_settings(tmp_path_factory.mktemp("calibration"), upstream_url=LLM_URL)
+    long_body = {"model": MODEL, "messages": _long_conversation(10), "max_tokens": 1}
+    shorts = [[{"role": "user", "content": q}] for q in _QUESTIONS]
+    longs = [_long_conversation(2), _long_conversation(5)]  # ~650 and ~1,600 tokens
+    with (
+        serve(create_app(settings)) as url,
+        openai.OpenAI(base_url=url + "/v1", api_key="none", timeout=250, max_retries=0) as oai,
+        httpx.Client(timeout=60) as client,
+    ):
+        for messages in [*shorts[:3], *longs, *shorts[3:]]:  # the last word to short prompts
+            result = oai.chat.completions.create(model=MODEL, messages=messages, max_tokens=1)  # type: ignore[arg-type]
+            assert result.usage is not None
+            assert result.usage.prompt_tokens == _server_count(client, {"messages": messages})
+        counted = client.post(url + "/v1/compaction/count", json=long_body).json()
+        real = _server_count(client, long_body)
+    assert 2500 < real < 4096 - 64
+    error = counted["prompt_tokens"] / real - 1
+    assert abs(error) < 0.05, (counted, real)
+
+
+def test_overflow_with_no_compaction_keeps_the_explicit_window(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """`X-Compaction-Strategy: none` over the window: the server's error reaches the client;
+    the window learned from it is the one it states (4,096, not a guess below), and an explicit
+    `X-Compaction-Context-Limit` still wins over it."""
+    assert LLM_URL is not None
+    settings = make_settings(tmp_path_factory.mktemp("overflow"), upstream_url=LLM_URL)
+    body = {"model": MODEL, "messages": _long_conversation(40), "max_tokens": 1}
+    with serve(create_app(settings)) as url, httpx.Client(base_url=url, timeout=60) as client:
+        response = client.post(
+            "/v1/chat/completions", json=body, headers={"X-Compaction-Strategy": "none"}
+        )
+        assert response.status_code == 400
+        assert response.json()["error"]["type"] == "exceed_context_size_error"
+        learned = client.post("/v1/compaction/count", json=body).json()
+        explicit = client.post(
+            "/v1/compaction/count", json=body, headers={"X-Compaction-Context-Limit": "8000"}
+        ).json()
+    assert (learned["context_limit"], learned["limit_source"]) == (4096, "learned")
+    assert (explicit["context_limit"], explicit["limit_source"]) == (8000, "header")

@@ -123,7 +123,9 @@ def test_output_reserve() -> None:
             Window(1000, LimitSource.HEADER),
         ),
         ({"setting": 2000, "learned": 5000, "discovered": 6000}, Window(2000, LimitSource.SETTING)),
-        ({"header": 9000, "learned": 5000}, Window(5000, LimitSource.LEARNED)),  # proved smaller
+        # a learned window replaces discovery but never an explicit limit, larger or not
+        ({"header": 9000, "learned": 5000}, Window(9000, LimitSource.HEADER)),
+        ({"setting": 9000, "learned": 5000}, Window(9000, LimitSource.SETTING)),
         ({"learned": 5000, "discovered": 6000, "table": 7000}, Window(5000, LimitSource.LEARNED)),
         ({"discovered": 6000, "table": 7000}, Window(6000, LimitSource.DISCOVERED)),
         ({"table": 7000}, Window(7000, LimitSource.TABLE)),
@@ -163,6 +165,8 @@ def test_precedence_and_single_discovery(table: ModelTable) -> None:
         registry.learn("http://h/v1", "local", 5000)
         w = await registry.window_for("local", "http://h/v1")
         assert (w.tokens, w.source) == (5000, LimitSource.LEARNED)
+        w = await registry.window_for("local", "http://h/v1", header_limit=9000)
+        assert (w.tokens, w.source) == (9000, LimitSource.HEADER)
         w = await registry.window_for("gpt-4o", "http://h/v1")
         assert (w.tokens, w.source) == (128000, LimitSource.TABLE)
         w = await registry.window_for("mystery", "http://h/v1")

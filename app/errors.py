@@ -1,4 +1,4 @@
-"""The proxy's own error tree and the one handler that renders OpenAI's error envelope.
+"""The proxy's own error tree and the OpenAI envelope each error renders as (no web imports).
 
 ProxyError
  ├── BadRequest (400, invalid_request_error)
@@ -18,8 +18,6 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import orjson
-from starlette.requests import Request
-from starlette.responses import Response
 
 
 class ProxyError(Exception):
@@ -43,13 +41,6 @@ class ProxyError(Exception):
                 "code": self.code,
             }
         }
-
-    def to_response(self) -> Response:
-        return Response(
-            orjson.dumps(self.body()),
-            status_code=self.status_code,
-            media_type="application/json",
-        )
 
     def sse_frame(self) -> bytes:
         """The error as a final SSE event, for a stream that already started."""
@@ -97,8 +88,3 @@ class UpstreamTimeout(ProxyError):
     error_type = "upstream_error"
     code = "upstream_timeout"
 
-
-async def proxy_error_handler(request: Request, exc: Exception) -> Response:
-    """Render any ProxyError as OpenAI's envelope (registered once in the factory)."""
-    assert isinstance(exc, ProxyError)
-    return exc.to_response()

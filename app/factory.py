@@ -20,7 +20,8 @@ from app.compactor import CompactionService
 from app.dashboard.assets import DashboardAssets
 from app.discovery import discover_window
 from app.encodings import load_encodings
-from app.errors import BadRequest, ProxyError, proxy_error_handler
+from app.errors import BadRequest, ProxyError
+from app.http.errors import error_response, proxy_error_handler
 from app.limits import ModelTable, WindowRegistry
 from app.metrics import Metrics
 from app.passthrough import PassthroughService
@@ -62,14 +63,14 @@ async def _http_error_handler(request: Request, exc: Exception) -> Response:
         if exc.status_code == 405
         else _NotFound(f"no route {request.method} {request.url.path}")
     )
-    response = error.to_response()
+    response = error_response(error)
     response.headers.update(exc.headers or {})
     return response
 
 
 async def _unexpected_error_handler(request: Request, exc: Exception) -> Response:
     logger.exception("unexpected error on %s %s", request.method, request.url.path)
-    return ProxyError("internal error in the proxy").to_response()
+    return error_response(ProxyError("internal error in the proxy"))
 
 
 def _compaction(

@@ -1,0 +1,1 @@
+"""The HTTP edge: routes, dependencies, auth, request bodies, error rendering, OpenAPI."""

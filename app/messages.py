@@ -4,6 +4,10 @@ A unit is one plain message, or an assistant message with `tool_calls` together 
 messages right after it that answer it (by position: real transcripts reuse ids, so a global id
 lookup would pair a result with the wrong call), or a legacy `function_call` with its
 `role: "function"` answer. Compaction only ever keeps or drops whole units.
+
+Strict role order (DESIGN.md §4.6, the Mistral v0.3 / Mixtral templates): one optional leading
+system message; then, ignoring tool results and assistant messages that carry calls, user and
+assistant take turns, starting with user.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from typing import Any, Literal
 
 UnitKind = Literal["message", "tool_round", "function_round", "orphan"]
 HEAD_ROLES = frozenset({"system", "developer"})
+TURNS = ("user", "assistant")
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,21 +106,97 @@ def check_pair_safety(messages: Sequence[Mapping[str, Any]]) -> list[str]:
     return problems
 
 
+def spoken_role(message: Mapping[str, Any]) -> Any:
+    """The role strict chat templates check order on: None for tool results and for assistant
+    messages that carry calls (the Mistral v0.3 / Mixtral templates skip both)."""
+    role = message.get("role")
+    if role in ("tool", "function"):
+        return None
+    if role == "assistant" and (_calls(message) or isinstance(message.get("function_call"), dict)):
+        return None
+    return role
+
+
+def strict_prefix(messages: Sequence[Mapping[str, Any]]) -> int:
+    """How many leading messages follow the strict rule (DESIGN.md §4.6): one optional leading
+    system message, then — ignoring tool results and assistant calls — user and assistant
+    alternating, starting with user. Once broken, no longer prefix follows it."""
+    start = 1 if messages and messages[0].get("role") == "system" else 0
+    expected = "user"
+    for i in range(start, len(messages)):
+        role = spoken_role(messages[i])
+        if role is None:
+            continue
+        if role != expected:
+            return i
+        expected = "assistant" if expected == "user" else "user"
+    return len(messages)
+
+
 def is_strict_alternation(messages: Sequence[Mapping[str, Any]]) -> bool:
-    """One optional leading system message, then user/assistant messages alternating, starting
-    with user, with no tool messages (what Llama 2 / Mistral chat templates accept)."""
-    rest = list(messages[1:] if messages and messages[0].get("role") == "system" else messages)
-    if not rest:
-        return False
-    for k, message in enumerate(rest):
-        expected = "user" if k % 2 == 0 else "assistant"
-        if message.get("role") != expected or _calls(message) or "function_call" in message:
-            return False
-    return True
+    """Whether the messages follow the strict rule with at least one user message (what
+    Llama 2 / Mistral / Mixtral chat templates accept)."""
+    return strict_prefix(messages) == len(messages) and any(
+        spoken_role(m) == "user" for m in messages
+    )
 
 
 def role_order_problems(messages: Sequence[Mapping[str, Any]]) -> list[str]:
     """Why a strict chat template would reject these messages (empty when it accepts them)."""
     if is_strict_alternation(messages):
         return []
-    return ["roles do not alternate system?/user/assistant/user/..."]
+    at = strict_prefix(messages)
+    where = f" (messages[{at}])" if at < len(messages) else ""
+    return [f"roles do not alternate system?/user/assistant/user/...{where}"]
+
+
+@dataclass(frozen=True, slots=True)
+class UnitRoles:
+    """The roles of a message list's units that compaction must respect, found once."""
+
+    units: tuple[Unit, ...]
+    head: int
+    turns: tuple[Any, ...]  # "user"/"assistant" for a unit that takes a turn, else None
+    next_turn: tuple[int, ...]  # the first unit at or after i that takes a turn (n: none)
+    last_turn: tuple[Any, ...]  # the role of the last unit before k that took a turn
+    pinned: frozenset[int]
+    strict_units: int  # how many leading units follow the strict rule
+    head_user: bool  # the head ends with the first user message
+
+    @classmethod
+    def of(cls, messages: Sequence[Mapping[str, Any]]) -> UnitRoles:
+        units = tuple(group_units(messages))
+        head = pinned_head(messages, units)
+        roles = [spoken_role(messages[u.start]) for u in units]
+        turns = tuple(r if r in TURNS else None for r in roles)
+        next_turn = [len(units)] * (len(units) + 1)
+        for i in range(len(units) - 1, -1, -1):
+            next_turn[i] = i if turns[i] is not None else next_turn[i + 1]
+        last_turn: list[Any] = [None]
+        for turn in turns:
+            last_turn.append(turn if turn is not None else last_turn[-1])
+        strict_end = strict_prefix(messages)
+        return cls(
+            units=units,
+            head=head,
+            turns=turns,
+            next_turn=tuple(next_turn),
+            last_turn=tuple(last_turn),
+            pinned=frozenset(i for i in range(head, len(units)) if roles[i] in HEAD_ROLES),
+            strict_units=sum(1 for u in units if u.end <= strict_end),
+            head_user=head > 0 and roles[head - 1] == "user",
+        )
+
+    def strict(self, k: int) -> bool:
+        """Whether the prefix of k units follows the strict rule (DESIGN.md §4.6)."""
+        return self.head_user and k <= self.strict_units
+
+    def next_role(self, position: int, k: int, skip: frozenset[int] | set[int]) -> Any:
+        """The role of the first unit at or after `position` (of the first k, not in `skip`)
+        that takes a turn; when none has yet, the role that comes next in strict order."""
+        q = self.next_turn[position]
+        while q < k and q in skip:
+            q = self.next_turn[q + 1]
+        if q < k:
+            return self.turns[q]
+        return "user" if self.last_turn[k] == "assistant" else "assistant"

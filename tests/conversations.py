@@ -14,6 +14,9 @@ from typing import Any
 import orjson
 from hypothesis import strategies as st
 
+from app.compaction.engine import SUMMARY_PREFIX
+from app.messages import Unit
+
 TEXT = st.text(alphabet="abcdefghij klmnop\n.,:{}0123456789", min_size=0, max_size=300)
 
 
@@ -83,6 +86,13 @@ def user_message(draw: st.DrawFn) -> dict[str, Any]:
 
 
 @st.composite
+def instruction(draw: st.DrawFn) -> dict[str, Any]:
+    """A system or developer message in the middle of a conversation (an instruction)."""
+    role = draw(st.sampled_from(["system", "developer"]))
+    return {"role": role, "content": "From now on: " + draw(TEXT) + "s" * draw(st.integers(0, 800))}
+
+
+@st.composite
 def agent_conversation(draw: st.DrawFn) -> list[dict[str, Any]]:
     """System, user, then a mix of tool rounds, function rounds, assistant and user turns."""
     ids = ["call_a", "call_b"]  # tiny pool: ids repeat across turns, as in real transcripts
@@ -91,7 +101,9 @@ def agent_conversation(draw: st.DrawFn) -> list[dict[str, Any]]:
         msgs.append({"role": "system", "content": "You are an agent. " + draw(TEXT)})
     msgs.append(draw(user_message()))
     for _ in range(draw(st.integers(0, 24))):
-        kind = draw(st.sampled_from(["tool", "tool", "function", "assistant", "user"]))
+        kind = draw(
+            st.sampled_from(["tool", "tool", "function", "assistant", "user", "user", "system"])
+        )
         if kind == "tool":
             msgs.extend(draw(tool_round(ids)))
         elif kind == "function":
@@ -104,8 +116,10 @@ def agent_conversation(draw: st.DrawFn) -> list[dict[str, Any]]:
                     "x_unknown": 1,
                 }
             )
-        else:
+        elif kind == "user":
             msgs.append(draw(user_message()))
+        else:
+            msgs.append(draw(instruction()))
     if msgs[-1]["role"] == "assistant" and not msgs[-1].get("tool_calls"):
         msgs.append(draw(user_message()))
     return msgs
@@ -130,8 +144,33 @@ def strict_conversation(draw: st.DrawFn) -> list[dict[str, Any]]:
     return msgs
 
 
+@st.composite
+def strict_agent_conversation(draw: st.DrawFn) -> list[dict[str, Any]]:
+    """Strict role order as the Mistral v0.3 template checks it, with tool calls: after each
+    user message, tool rounds, the assistant's answer, maybe more tool rounds, then the user
+    again. The last turn may stop after any tool result."""
+    ids = ["call_a", "call_b"]
+    msgs: list[dict[str, Any]] = []
+    if draw(st.booleans()):
+        msgs.append({"role": "system", "content": "You are an agent. " + draw(TEXT)})
+    msgs.append(draw(user_message()))
+    for turn in range(draw(st.integers(0, 12)) + 1):
+        for _ in range(draw(st.integers(0, 3))):
+            msgs.extend(draw(tool_round(ids)))
+        if not draw(st.integers(0, 5)):
+            break  # stop mid-turn (after a tool result, or at the user message)
+        text = f"answer {turn} " + draw(TEXT) + "a" * draw(st.integers(0, 2500))
+        msgs.append({"role": "assistant", "content": text})
+        for _ in range(draw(st.sampled_from([0, 0, 0, 1, 2]))):
+            msgs.extend(draw(tool_round(ids)))
+        if msgs[-1]["role"] == "tool" and not draw(st.integers(0, 3)):
+            break
+        msgs.append(draw(user_message()))
+    return msgs
+
+
 def conversations() -> st.SearchStrategy[list[dict[str, Any]]]:
-    return st.one_of(agent_conversation(), strict_conversation())
+    return st.one_of(agent_conversation(), strict_conversation(), strict_agent_conversation())
 
 
 def common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
@@ -141,3 +180,49 @@ def common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
             break
         n += 1
     return n
+
+
+def turns(messages: Sequence[Mapping[str, Any]]) -> list[Any]:
+    """The roles strict templates check order on: all but tool results and assistant messages
+    that carry calls."""
+    return [
+        m.get("role")
+        for m in messages
+        if m.get("role") not in ("tool", "function")
+        and not (m.get("role") == "assistant" and (m.get("tool_calls") or m.get("function_call")))
+    ]
+
+
+def follows_strict_rule(messages: Sequence[Mapping[str, Any]]) -> bool:
+    """The test oracle for DESIGN.md §4.6, written independently of `app.messages`: one
+    optional leading system message; then, ignoring tool results and assistant messages that
+    carry calls, user and assistant alternate, starting with user (at least one user)."""
+    rest = messages[1:] if messages and messages[0].get("role") == "system" else messages
+    spoken = turns(rest)
+    alternating = ["user", "assistant"] * (len(spoken) // 2) + ["user"] * (len(spoken) % 2)
+    return bool(spoken) and spoken == alternating
+
+
+def summary_text(message: Mapping[str, Any]) -> str | None:
+    """The summary a message carries: its content, or its last text part when folded in."""
+    content = message.get("content")
+    if isinstance(content, list) and content and isinstance(content[-1], dict):
+        content = content[-1].get("text")
+    return content if isinstance(content, str) and content.startswith(SUMMARY_PREFIX) else None
+
+
+def strict_floor(messages: Sequence[Mapping[str, Any]], units: Sequence[Unit], head: int) -> int:
+    """The furthest unit a cut may stand before in a strict chat: after the head's user message
+    the kept turns, and the next turn to come, must go on alternating."""
+    after = {"role": "user" if turns(messages)[-1] == "assistant" else "assistant", "content": ""}
+    head_messages = list(messages[: units[head - 1].end])
+    for first in range(len(units) - 1, head - 1, -1):
+        if follows_strict_rule([*head_messages, *messages[units[first].start :], after]):
+            return first
+    return head
+
+
+def summary_in(messages: Sequence[Mapping[str, Any]]) -> str | None:
+    """The summary in forwarded messages: a message of its own right after the head, or
+    folded into the head's user message."""
+    return next((text for m in messages if (text := summary_text(m)) is not None), None)

@@ -6,18 +6,30 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.compaction.engine import SUMMARY_PREFIX, CompactionResult, compact, summary_message
-from app.compaction.planner import Plan, plan, render
+from app.compaction.engine import CompactionResult, compact, summary_message
+from app.compaction.planner import Plan, plan, render, render_span
 from app.compaction.policy import Budget, StrategyName
 from app.compaction.truncate import truncate_unit
-from app.messages import check_pair_safety, group_units, is_strict_alternation, pinned_head
+from app.messages import (
+    HEAD_ROLES,
+    check_pair_safety,
+    group_units,
+    is_strict_alternation,
+    pinned_head,
+)
 from app.summarize import summary_budget
-from tests.conversations import common_prefix, conversations, simple_count
+from tests.conversations import (
+    common_prefix,
+    conversations,
+    follows_strict_rule,
+    simple_count,
+    strict_floor,
+    summary_text,
+)
 from tests.support import load_traces, request_points
 
 PIPELINES: dict[str, tuple[StrategyName, ...]] = {
@@ -57,8 +69,10 @@ def check_all(
     head_end = units[head - 1].end if head else 0
     # 1. pair safety
     assert check_pair_safety(out) == []
-    # 2. pinned head kept (same objects), last unit kept (tool outputs may be truncated)
+    # 2. pinned head kept (same objects), last unit kept (tool outputs may be truncated);
+    # later system/developer messages are instructions: kept, as they were, in order
     assert all(a is b for a, b in zip(out[:head_end], messages[:head_end], strict=True))
+    assert instructions(out) == instructions(messages)
     last = units[-1]
     tail = messages[last.start : last.end]
     cap = result.plan.cap
@@ -82,8 +96,12 @@ def check_all(
         floor += sum(
             simple_count(m) for m in (truncate_unit(tail, result.plan.cap) if shrink else tail)
         )
-        if is_strict_alternation(messages) and len(units) > head + 1:
-            floor += simple_count(messages[units[-2].start])
+        pinned = [m for m in messages[head_end : last.start] if m.get("role") in HEAD_ROLES]
+        floor += sum(simple_count(m) for m in pinned)
+        if follows_strict_rule(messages) and len(units) > head + 1:
+            # the cut can only stand where turns go on alternating
+            first = strict_floor(messages, units, head)
+            floor += sum(simple_count(m) for m in messages[units[first].start : last.start])
         if floor <= budget.goal:
             assert result.tokens_after <= budget.trigger
             assert not result.over_budget
@@ -92,9 +110,16 @@ def check_all(
     assert again.applied == ()
     assert again.messages == out
     # 6. role order kept
-    if is_strict_alternation(messages):
-        assert is_strict_alternation(out)
+    assert is_strict_alternation(messages) == follows_strict_rule(messages)
+    if follows_strict_rule(messages):
+        assert follows_strict_rule(out)
     return result
+
+
+def instructions(messages: Sequence[Mapping[str, Any]]) -> list[int]:
+    """The ids of the system/developer messages after the first user message."""
+    first = next((k for k, m in enumerate(messages) if m.get("role") == "user"), len(messages))
+    return [id(m) for m in messages[first:] if m.get("role") in HEAD_ROLES]
 
 
 def check_cache_stability(
@@ -208,9 +233,16 @@ def summarized(messages: Sequence[Mapping[str, Any]], window: int) -> Compaction
     # A summary of exactly its reserved size (the summariser's max_tokens): a shorter one only
     # makes prompts smaller, and the plan's spacing promise is stated for the reserved size.
     text = f"summary of messages up to {span_end}: "
-    message = summary_message(the_plan, messages, text)
-    text += "f" * max(0, 4 * (reserved - 3) - len(orjson.dumps(message)))
-    assert simple_count(summary_message(the_plan, messages, text)) == reserved
+    host = messages[the_plan.units[the_plan.head - 1].end - 1]
+    base = simple_count(host) if the_plan.summary_role == "fold" else 0
+
+    def added(text: str) -> int:
+        return simple_count(summary_message(the_plan, messages, text)) - base
+
+    text += "f" * max(0, 4 * (reserved - added(text)))
+    while added(text) > reserved:
+        text = text[:-1]
+    assert added(text) == reserved
     return compact(
         messages, SUMMARIZE, budget, simple_count, 0,
         summary=text, summary_tokens=reserved, planned=the_plan,
@@ -224,7 +256,21 @@ def check_summarized(messages: list[dict[str, Any]], window: int) -> None:
     units = group_units(messages)
     head_end = units[pinned_head(messages, units) - 1].end
     assert check_pair_safety(out) == []  # 1
-    assert all(a is b for a, b in zip(out[:head_end], messages[:head_end], strict=True))  # 2
+    # 2: the head kept — its user message may carry the summary folded in, after its content
+    assert all(a is b for a, b in zip(out[: head_end - 1], messages[: head_end - 1], strict=True))
+    host, shown = messages[head_end - 1], out[head_end - 1]
+    if shown is not host:
+        assert result.plan.summary_role == "fold"
+        assert {k: v for k, v in shown.items() if k != "content"} == {
+            k: v for k, v in host.items() if k != "content"
+        }
+        original = host.get("content")
+        parts = [{"type": "text", "text": original}] if isinstance(original, str) else original
+        assert shown["content"][:-1] == (parts or [])
+    assert instructions(out) == instructions(messages)
+    if result.plan.summarize:  # instructions are never handed to the summariser
+        span = render_span(messages, result.plan, result.plan.head, result.plan.cut)
+        assert not [m for m in span if m.get("role") in HEAD_ROLES]
     last = messages[units[-1].start : units[-1].end]
     assert [m.get("role") for m in out[-len(last) :]] == [m.get("role") for m in last]
     if result.tokens_before <= budget.trigger:  # 3
@@ -233,12 +279,13 @@ def check_summarized(messages: list[dict[str, Any]], window: int) -> None:
     if not result.over_budget:
         assert result.tokens_after <= budget.budget
     if "summarize" in result.applied:
-        assert out[head_end]["content"].startswith(SUMMARY_PREFIX)
+        carrier = out[head_end - 1] if result.plan.summary_role == "fold" else out[head_end]
+        assert summary_text(carrier) is not None
     again = summarized(out, window)  # 5
     assert again.applied == ()
     assert again.messages == out
-    if is_strict_alternation(messages):  # 6: the summary's role keeps the alternation
-        assert is_strict_alternation(out)
+    if follows_strict_rule(messages):  # 6: the summary's place keeps the alternation
+        assert follows_strict_rule(out)
 
 
 @ONE_REQUEST

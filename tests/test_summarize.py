@@ -20,7 +20,7 @@ from app.summaries import MemoryCache, SingleFlight
 from app.summarize import Summaries, SummaryJob, span_keys
 from app.summarizer import SummaryPrompt, chunk_transcript, render_message
 from tests.conftest import make_settings
-from tests.conversations import common_prefix, simple_count
+from tests.conversations import common_prefix, simple_count, summary_in, summary_text
 from tests.fake_upstream import FakeUpstream, completion
 from tests.redis_server import redis_url
 from tests.support import request_points
@@ -86,8 +86,9 @@ async def test_one_summary_call_per_event_and_prefix_identical_between(
             events += 1
         else:  # between events: the previous prompt is a prefix of this one
             assert previous is None or forwarded[: len(previous)] == previous
-        if len(forwarded) > 2 and str(forwarded[2].get("content")).startswith("[Summary"):
-            summaries.add(forwarded[2]["content"])
+        summary = summary_in(forwarded)
+        if summary is not None:
+            summaries.add(summary)
         if fake.summary_calls > calls_before:
             assert "summarize" in response.headers["x-compaction-applied"]
             assert fake.summary_calls == calls_before + 1
@@ -115,8 +116,13 @@ async def test_later_events_update_the_previous_summary(
     assert "summary #1: facts kept" in second["messages"][0]["content"]
     # the summary stands after the pinned head, in the forwarded prompt
     forwarded = fake.chat_requests[-1].json()["messages"]
-    assert forwarded[:2] == messages[:2]
-    assert forwarded[2]["content"].endswith(f"summary #{fake.summary_calls}: facts kept")
+    assert forwarded[0] == messages[0]
+    # the agent's next turn is an assistant's, so the summary is folded into the task message
+    # after its own content (DESIGN.md §4.6)
+    assert forwarded[1]["content"][0] == {"type": "text", "text": messages[1]["content"]}
+    summary = summary_text(forwarded[1])
+    assert summary is not None
+    assert summary.endswith(f"summary #{fake.summary_calls}: facts kept")
 
 
 @pytest.mark.parametrize("failure", ["status", "garbage", "empty", "stall"])
@@ -253,11 +259,7 @@ async def test_two_replicas_share_summaries_through_redis(tmp_path: Path) -> Non
                 forwarded.append(fake.chat_requests[-1].json()["messages"])
             for c in clients:
                 await c.aclose()
-    summaries = {
-        f[2]["content"]
-        for f in forwarded
-        if len(f) > 2 and str(f[2].get("content")).startswith("[Summary")
-    }
+    summaries = {summary_in(f) for f in forwarded} - {None}
     assert fake.summary_calls == len(summaries) >= 2
 
 

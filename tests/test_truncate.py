@@ -15,8 +15,8 @@ from app.compaction.engine import compact
 from app.compaction.planner import plan
 from app.compaction.policy import Budget, StrategyName
 from app.compaction.truncate import MARKER, cap_chars, cut_text, kept_length, truncate_unit
-from app.messages import check_pair_safety, is_strict_alternation
-from tests.conversations import conversations, simple_count
+from app.messages import HEAD_ROLES, check_pair_safety, is_strict_alternation
+from tests.conversations import conversations, simple_count, strict_floor
 
 AUTO: tuple[StrategyName, ...] = ("truncate", "prune", "trim")
 
@@ -278,9 +278,21 @@ def test_the_last_unit_fits_whenever_its_text_allows(
     messages = [*history, *last]
     result = compact(messages, AUTO, budget(window), simple_count, 0)
     assert check_pair_safety(result.messages) == []
-    head = result.plan.units[result.plan.head - 1].end
+    units, cap = result.plan.units, result.plan.cap
+    head = units[result.plan.head - 1].end
     floor = sum(simple_count(m) for m in messages[:head])
-    floor += sum(simple_count(m) for m in truncate_unit(last, result.plan.cap, deep=True))
+    floor += sum(simple_count(m) for m in truncate_unit(last, cap, deep=True))
+    # Also never cut: instructions after the head (DESIGN.md §3) and, in a strict chat, the
+    # units no valid cut separates from the last one (truncated as deeply, §4.6).
+    first = len(units) - 1
+    if is_strict_alternation(messages):
+        first = strict_floor(messages, units, result.plan.head)
+    instructions = [m for m in messages[head : units[first].start] if m.get("role") in HEAD_ROLES]
+    floor += sum(simple_count(m) for m in instructions)
+    for unit in units[first:-1]:
+        floor += sum(
+            simple_count(m) for m in truncate_unit(messages[unit.start : unit.end], cap, deep=True)
+        )
     if floor <= budget(window).budget:
         assert not result.over_budget, (floor, result.tokens_after)
     assert result.messages[len(result.messages) - len(last) :] in (

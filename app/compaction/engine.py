@@ -30,13 +30,39 @@ class CompactionResult:
     plan: Plan
 
 
+def _parts(content: Any) -> list[Any]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    return list(content) if isinstance(content, list) else []
+
+
 def summary_message(plan: Plan, messages: Sequence[Mapping[str, Any]], text: str) -> dict[str, Any]:
-    """The message that stands for the cut span, with a role that keeps the order valid:
-    an assistant message when a user message follows it, else a user message."""
-    following = plan.units[plan.cut].start if plan.cut < len(plan.units) else None
-    next_role = messages[following].get("role") if following is not None else None
-    role = "assistant" if next_role == "user" else "user"
-    return {"role": role, "content": SUMMARY_PREFIX + text}
+    """The message that carries the summary, placed as the plan says (DESIGN.md §4.6): a new
+    message of the plan's summary role, to stand right after the head; or, folded, the head's
+    user message with the summary as an extra text part after its own, unchanged content."""
+    content = SUMMARY_PREFIX + text
+    if plan.summary_role != "fold":
+        return {"role": plan.summary_role, "content": content}
+    host = messages[plan.units[plan.head - 1].end - 1]
+    return {**host, "content": [*_parts(host.get("content")), {"type": "text", "text": content}]}
+
+
+def with_summary(
+    out: list[Mapping[str, Any]],
+    plan: Plan,
+    messages: Sequence[Mapping[str, Any]],
+    text: str,
+    count: MessageCounter,
+) -> int:
+    """Put the summary in `out` (rendered from `plan`); returns the tokens it adds."""
+    head_end = plan.units[plan.head - 1].end if plan.head else 0
+    message = summary_message(plan, messages, text)
+    if plan.summary_role == "fold":
+        host = out[head_end - 1]
+        out[head_end - 1] = message
+        return count(message) - count(host)
+    out.insert(head_end, message)
+    return count(message)
 
 
 def _applied(plan: Plan, pipeline: tuple[StrategyName, ...]) -> tuple[StrategyName, ...]:
@@ -83,10 +109,7 @@ def compact(
     out = render(messages, the_plan)
     after = the_plan.tokens_after
     if the_plan.summarize and summary is not None:
-        head_end = the_plan.units[the_plan.head - 1].end if the_plan.head else 0
-        message = summary_message(the_plan, messages, summary)
-        out.insert(head_end, message)
-        after = after - summary_tokens + count(message)
+        after = after - summary_tokens + with_summary(out, the_plan, messages, summary, count)
     return CompactionResult(
         out,
         _applied(the_plan, pipeline),

@@ -8,22 +8,32 @@ to come down to target × budget. So an append-only conversation produces forwar
 that extend each other between events (upstream prompt caches stay hot), events are spaced by
 at least (threshold − target) × budget tokens of growth, and any replica, after any restart,
 computes the same plan for the same history (DESIGN.md §4.7).
+
+Every decision at a prefix looks only at that prefix — whether the chat follows strict role
+order too (§4.6), so a later message never changes how the history was compacted. System and
+developer messages after the head are instructions: kept where they stand, never cut, dropped
+or summarised (§3). Each unit changes state a bounded number of times, each change is O(1),
+and what an event looks up costs at most O(√n) (running sums, a pointer to the middle), so a
+replay of n units is near-linear however many events it has.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from app.compaction.middle_out import drop_middle
+from app.compaction.middle_out import MiddleOut
 from app.compaction.policy import Budget, StrategyName
 from app.compaction.prune import MIN_SAVING_SHARE, PROTECT_SHARE, prune_unit
+from app.compaction.sums import RunningSums
 from app.compaction.trim import advance_cut
 from app.compaction.truncate import cap_chars, truncate_unit
-from app.messages import Unit, group_units, is_strict_alternation, pinned_head
+from app.messages import Unit, UnitRoles
 
 MessageCounter = Callable[[Mapping[str, Any]], int]
+SummaryRole = Literal["user", "assistant", "fold"]
+TOOL_KINDS = ("tool_round", "function_round")
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,12 +53,33 @@ class Plan:
     tokens_after: int  # with the summary's reserved size when `summarize`
     strict: bool
     deep: frozenset[int] = frozenset()  # truncated units whose texts all share the cap (§3)
+    pinned: frozenset[int] = frozenset()  # system/developer units after the head: always kept
+    # Where a summary goes: a message of this role right after the head, or "fold": an extra
+    # text part of the head's user message (when neither role fits between its neighbours).
+    summary_role: SummaryRole = "assistant"
 
     @property
     def changed(self) -> bool:
         return bool(
             self.cut > self.head or self.dropped or self.truncated or self.pruned_before > self.head
         )
+
+    def kept(self, i: int) -> bool:
+        """Whether unit i is in the output (transformed or not)."""
+        if i < self.head or i in self.pinned:
+            return True
+        return i >= self.cut and i not in self.dropped
+
+
+def _transform(
+    chunk: list[Mapping[str, Any]], kind: str, cap: int, level: int, pruned: bool
+) -> list[Mapping[str, Any]]:
+    """A unit's messages truncated (`level` 1: tool outputs, 2: deep) and pruned as planned."""
+    if level:
+        chunk = truncate_unit(chunk, cap, deep=level > 1)
+    if pruned and kind in TOOL_KINDS:
+        chunk = prune_unit(chunk)
+    return chunk
 
 
 @dataclass(slots=True)
@@ -70,146 +101,252 @@ class _Costs:
         if found is not None:
             return found
         unit = self.units[i]
-        out: list[Mapping[str, Any]] = list(self.messages[unit.start : unit.end])
-        if truncated:
-            cut = truncate_unit(out, self.cap, deep=truncated > 1)
-            if all(a is b for a, b in zip(cut, out, strict=True)):  # nothing to cut: as is
-                self._memo[key] = self.render(i, 0, pruned)
-                return self._memo[key]
-            out = cut
-        if pruned and unit.kind in ("tool_round", "function_round"):
-            out = prune_unit(out)
-        result = (out, sum(self.count(m) for m in out))
+        chunk = list(self.messages[unit.start : unit.end])
+        out = _transform(chunk, unit.kind, self.cap, truncated, pruned)
+        if truncated and all(a is b for a, b in zip(out, chunk, strict=True)):
+            result = self.render(i, 0, pruned)  # nothing to cut: as is
+            self._memo[key] = result
+            return result
+        result = (out, self.count(out[0]) if len(out) == 1 else sum(map(self.count, out)))
         self._memo[key] = result
         return result
 
     def has_giant_output(self, i: int) -> bool:
         """Whether truncating unit i's tool outputs changes it and makes it cheaper."""
+        if self.units[i].kind == "message":
+            return False  # a user, assistant or system message: tool outputs are what is cut
         return self.render(i, 1, False)[1] < self.render(i, 0, False)[1]
 
 
 @dataclass(slots=True)
 class _Replay:
+    """The state of the plan for the prefix replayed so far: what each unit after the head
+    costs now (0 once gone) and their total; when pruning, running sums of those costs and of
+    what pruning each unit would save."""
+
+    shape: UnitRoles
     costs: _Costs
     pipeline: tuple[StrategyName, ...]
     budget: Budget
-    head: int
     head_cost: int
     summary_tokens: int
-    strict: bool
-    first_roles: Sequence[Any]
-    cut: int = 0
+    costs_now: list[int]
+    sums: RunningSums | None  # when pruning
+    savings: RunningSums | None  # when pruning
+    middle: MiddleOut | None  # when dropping from the middle
+    cut: int
+    pruned_before: int
+    scanned: int  # units before this were already checked for giant outputs
     dropped: set[int] = field(default_factory=set)
     truncated: set[int] = field(default_factory=set)
     deep: set[int] = field(default_factory=set)
-    scanned: int = 0  # units before this were already checked for giant outputs
-    pruned_before: int = 0
     events: list[int] = field(default_factory=list)
+    summary_role: SummaryRole = "assistant"
+    goal: int = 0  # the budget's goal, computed once
+    kept_total: int = 0  # the cost of the units after the head replayed so far
+    pinned_total: int = 0  # the part of it that pinned instructions cost
+    saving_total: int = 0  # what pruning every unit not pruned yet would save (when pruning)
 
     @property
     def summarizing(self) -> bool:
         return "summarize" in self.pipeline
 
     def cost(self, i: int) -> int:
-        if i in self.dropped or i < self.cut:
-            return 0
+        return self.costs_now[i]
+
+    def _kept(self, i: int) -> bool:
+        return i in self.shape.pinned or (i >= self.cut and i not in self.dropped)
+
+    def refresh(self, i: int) -> None:
+        """Bring unit i's running sums up to date with its state."""
+        kept = self._kept(i)
         level = 2 if i in self.deep else int(i in self.truncated)
-        return self.costs.render(i, level, i < self.pruned_before)[1]
+        pruned = i < self.pruned_before
+        cost = self.costs.render(i, level, pruned)[1] if kept else 0
+        self.kept_total += cost - self.costs_now[i]
+        self.costs_now[i] = cost
+        if self.sums is not None and self.savings is not None:
+            self.sums.set(i, cost)
+            saving = 0
+            if kept and not pruned and self.shape.units[i].kind in TOOL_KINDS:
+                saving = self.cost(i) - self.costs.render(i, level, True)[1]
+            self.saving_total += saving - self.savings[i]
+            self.savings.set(i, saving)
 
-    def view(self, k: int) -> int:
-        summary = self.summary_tokens if self.summarizing and self.cut > self.head else 0
-        return self.head_cost + summary + sum(self.cost(i) for i in range(self.cut, k))
+    def add(self, i: int) -> int:
+        """Unit i joins the prefix (as it is: nothing transforms it yet); returns its cost."""
+        self.refresh(i)
+        cost = self.cost(i)
+        if i in self.shape.pinned:
+            self.pinned_total += cost
+        elif self.middle is not None:
+            self.middle.add(i)
+        return cost
 
-    def valid_cut(self, position: int) -> bool:
-        if not self.strict or position >= len(self.first_roles):
+    def total(self, k: int) -> int:
+        """Tokens of the prefix of k units as the plan shows it now."""
+        summary = self.summary_tokens if self.summarizing and self.cut > self.shape.head else 0
+        return self.head_cost + summary + self.kept_total
+
+    def valid_cut(self, position: int, k: int) -> bool:
+        """Whether the cut may stand before unit `position` in the prefix of k units. In a
+        strict chat the head's user message must be followed by an assistant turn, now and when
+        the conversation goes on; a summary goes in between as an assistant message before a
+        user turn, or folded into the head when no turn follows yet (never before a kept
+        assistant turn: a fold there would cost the head's place in the prompt cache)."""
+        if not self.shape.strict(k):
             return True
-        role = self.first_roles[position]
-        # The head ends with a user message: after it comes an assistant message (trim), or
-        # the summary as an assistant message and then a user message (summarize).
-        return bool(role == ("user" if self.summarizing else "assistant"))
+        following = self.shape.next_role(position, k, frozenset())
+        if not self.summarizing:
+            return bool(following == "assistant")
+        return following == "user" or self.shape.next_turn[position] >= k
 
-    def pair_of(self, i: int) -> int | None:
-        if self.first_roles[i] == "assistant":
-            return i + 1
-        return None
-
-    def event(self, k: int, total: int) -> int:
-        goal = self.budget.goal
+    def event(self, k: int) -> None:
+        """The prefix of k units crossed the threshold: apply the pipeline down to the goal."""
+        before = (self.cut, len(self.dropped))
         for strategy in self.pipeline:
-            if total <= goal:
+            if self.total(k) <= self.goal:
                 break
             if strategy == "truncate":
                 self._truncate(k)
             elif strategy == "prune":
                 self._prune(k)
-            elif strategy in ("trim", "summarize"):
-                moved, _ = advance_cut(
-                    self.cut,
-                    k - 1,
-                    total,
-                    goal,
-                    self.cost,
-                    self.valid_cut,
-                    self.summary_tokens if self.summarizing else 0,
-                    self.cut > self.head,
-                )
-                if moved != self.cut:
-                    self.cut = moved
-                    self.events.append(moved)
             elif strategy == "middle-out":
-                kept = [i for i in range(self.cut, k - 1) if i not in self.dropped]
-                pair = self.pair_of if self.strict else None
-                gone, _ = drop_middle(kept, total, goal, self.cost, pair)
-                self.dropped |= gone
-            total = self.view(k)
-        return total
+                self._middle_out(k)
+            else:
+                self._trim(k)
+        if self.summarizing and (self.cut, len(self.dropped)) != before:
+            self.summary_role = self._summary_role(k)
+
+    def _summary_role(self, k: int) -> SummaryRole:
+        """Where the summary goes, decided when the kept units change: it must not meet a
+        message of its own role. After the head's user message and before an assistant turn
+        (kept, or next in strict order) neither role fits, so it is folded into the head."""
+        following = self.shape.next_role(self.cut, k, self.dropped)
+        if following == "user":
+            return "assistant"
+        return "fold" if self.shape.head_user else "user"
 
     def _truncate(self, k: int) -> None:
         for i in range(max(self.cut, self.scanned), k):
-            if i not in self.dropped and self.costs.has_giant_output(i):
+            if i not in self.dropped and i not in self.truncated and self.costs.has_giant_output(i):
                 self.truncated.add(i)
+                self.refresh(i)
         self.scanned = k
-        # Last resort (DESIGN.md §3): the units no cut can remove must fit the budget on their
-        # own, so their assistant text and answered call arguments share the cap too.
+        # Last resort (DESIGN.md §3): the units no cut can remove must fit the budget with the
+        # head and the pinned instructions, so their assistant text and answered call arguments
+        # share the cap too.
         tail = range(self._uncuttable_from(k), k)
-        summary = self.summary_tokens if self.summarizing else 0
-        if self.head_cost + summary + sum(self.cost(i) for i in tail) <= self.budget.budget:
+        fixed = self.head_cost + self.pinned_total
+        fixed += self.summary_tokens if self.summarizing else 0
+        if (
+            fixed + sum(self.cost(i) for i in tail if i not in self.shape.pinned)
+            <= self.budget.budget
+        ):
             return
         for i in tail:
-            if i in self.dropped:
+            if i in self.dropped or i in self.deep:
                 continue
             if self.costs.render(i, 2, False)[1] < self.costs.render(i, 1, False)[1]:
                 self.truncated.add(i)
                 self.deep.add(i)
+                self.refresh(i)
 
     def _uncuttable_from(self, k: int) -> int:
         """The first of the units no cut can remove: the last unit, and before it those no valid
         cut position separates from it (in a strict chat, the assistant message before the last
-        user message). At most the span `advance_cut` walks anyway."""
+        user message)."""
         start = k - 1
-        while start > self.cut and not self.valid_cut(start):
+        while start > self.cut and not self.valid_cut(start, k):
             start -= 1
         return start
 
     def _prune(self, k: int) -> None:
+        if self.sums is None or self.savings is None:
+            return
+        least = MIN_SAVING_SHARE * self.budget.budget
+        if self.saving_total - self.savings[k - 1] < least:
+            return  # not worth it even without protecting anything (the last unit always is)
+        # The most recent units worth PROTECT_SHARE of the budget keep their outputs (the last
+        # one always): the boundary stands after the last unit i with units i..k-2 over it.
         protect = int(PROTECT_SHARE * self.budget.budget)
-        protected = 0
-        boundary = self.cut
-        for i in range(k - 2, self.cut - 1, -1):  # the last unit (k-1) is always protected
-            protected += self.cost(i)
-            if protected > protect:
-                boundary = i + 1
-                break
+        boundary = max(self.cut, self.sums.search(self.sums.prefix(k - 1) - protect))
         start = max(self.cut, self.pruned_before)
         if boundary <= start:
             return
-        saving = sum(
-            self.cost(i) - self.costs.render(i, i in self.truncated, True)[1]
-            for i in range(start, boundary)
-            if i not in self.dropped
+        if self.savings.range(start, boundary) < least:
+            return
+        self.pruned_before = boundary
+        for i in range(start, boundary):
+            self.refresh(i)
+
+    def _trim(self, k: int) -> None:
+        moved, _ = advance_cut(
+            self.cut,
+            k - 1,
+            self.total(k),
+            self.goal,
+            lambda i: 0 if i in self.shape.pinned else self.cost(i),
+            lambda position: self.valid_cut(position, k),
+            self.summary_tokens if self.summarizing else 0,
+            self.cut > self.shape.head,
         )
-        if saving >= MIN_SAVING_SHARE * self.budget.budget:
-            self.pruned_before = boundary
+        if moved == self.cut:
+            return
+        old, self.cut = self.cut, moved
+        self.events.append(moved)
+        for i in range(old, moved):
+            if i in self.shape.pinned:
+                continue
+            if self.middle is not None and i not in self.dropped:
+                self.middle.remove(i)
+            self.refresh(i)
+
+    def _middle_out(self, k: int) -> None:
+        if self.middle is None:
+            return
+        strict = self.shape.strict(k)
+        for unit in self.middle.walk(k - 1):
+            if self.total(k) <= self.goal:
+                break
+            if unit in self.dropped:
+                continue
+            for member in self._partners(unit, k) if strict else (unit,):
+                self.dropped.add(member)
+                self.middle.remove(member)
+                self.refresh(member)
+
+    def _partners(self, unit: int, k: int) -> tuple[int, ...]:
+        """What goes with `unit` in a strict chat so that turns keep alternating: a tool round
+        alone; an assistant turn with the user turn after it (both before the last unit); a
+        user turn only with its assistant turn (nothing, when met on its own)."""
+        turn = self.shape.turns[unit]
+        if turn is None:
+            return (unit,)
+        partner = self.shape.next_turn[unit + 1]
+        if turn != "assistant" or partner >= k - 1 or partner in self.dropped:
+            return ()
+        return (unit, partner)
+
+    def result(self, tokens_before: int) -> Plan:
+        n = len(self.shape.units)
+        return Plan(
+            units=self.shape.units,
+            head=self.shape.head,
+            cut=self.cut,
+            dropped=frozenset(self.dropped),
+            truncated=frozenset(self.truncated),
+            pruned_before=self.pruned_before,
+            cap=self.costs.cap,
+            events=tuple(self.events),
+            summarize=self.summarizing and self.cut > self.shape.head,
+            tokens_before=tokens_before,
+            tokens_after=self.total(n),
+            strict=self.shape.strict(n),
+            deep=frozenset(self.deep),
+            pinned=self.shape.pinned,
+            summary_role=self.summary_role,
+        )
 
 
 def plan(
@@ -221,81 +358,61 @@ def plan(
     summary_tokens: int = 0,
 ) -> Plan:
     """Replay the history unit by unit and return the plan for the whole list."""
-    units = group_units(messages)
-    head = pinned_head(messages, units)
-    cap = cap_chars(budget.budget)
-    costs = _Costs(messages, units, count, cap)
-    head_cost = fixed_tokens + sum(costs.render(i, False, False)[1] for i in range(head))
-    strict = is_strict_alternation(messages)
+    shape = UnitRoles.of(messages)
+    n, head = len(shape.units), shape.head
+    costs = _Costs(messages, shape.units, count, cap_chars(budget.budget))
+    head_cost = fixed_tokens + sum(costs.render(i, 0, False)[1] for i in range(head))
     replay = _Replay(
+        shape=shape,
         costs=costs,
         pipeline=pipeline,
         budget=budget,
-        head=head,
         head_cost=head_cost,
         summary_tokens=summary_tokens,
-        strict=strict,
-        first_roles=[messages[u.start].get("role") for u in units],
+        costs_now=[0] * n,
+        sums=RunningSums(n) if "prune" in pipeline else None,
+        savings=RunningSums(n) if "prune" in pipeline else None,
+        middle=MiddleOut(n) if "middle-out" in pipeline else None,
         cut=head,
         pruned_before=head,
+        scanned=head,
+        goal=budget.goal,
     )
-    total = head_cost
     before = head_cost
-    for k in range(head + 1, len(units) + 1):
-        added = replay.cost(k - 1)
-        before += costs.render(k - 1, False, False)[1]
-        total += added
-        if total > budget.trigger and pipeline:
-            total = replay.event(k, total)
-    return Plan(
-        units=tuple(units),
-        head=head,
-        cut=replay.cut,
-        dropped=frozenset(replay.dropped),
-        truncated=frozenset(replay.truncated),
-        pruned_before=replay.pruned_before,
-        cap=cap,
-        events=tuple(replay.events),
-        summarize=replay.summarizing and replay.cut > head,
-        tokens_before=before,
-        tokens_after=total,
-        strict=strict,
-        deep=frozenset(replay.deep),
-    )
+    trigger = budget.trigger
+    for k in range(head + 1, n + 1):
+        before += replay.add(k - 1)
+        if pipeline and replay.total(k) > trigger:
+            replay.event(k)
+    return replay.result(before)
+
+
+def _shown(messages: Sequence[Mapping[str, Any]], plan: Plan, i: int) -> list[Mapping[str, Any]]:
+    """Unit i as the plan shows it (truncated, pruned)."""
+    unit = plan.units[i]
+    level = 2 if i in plan.deep else int(i in plan.truncated)
+    chunk = list(messages[unit.start : unit.end])
+    return _transform(chunk, unit.kind, plan.cap, level, i < plan.pruned_before)
 
 
 def render_span(
     messages: Sequence[Mapping[str, Any]], plan: Plan, start: int, end: int
 ) -> list[Mapping[str, Any]]:
-    """Units `[start, end)` as the plan shows them (truncated, pruned), for a summary."""
+    """Units `[start, end)` as the plan shows them (truncated, pruned), for a summary; pinned
+    instructions are not part of it (they stay in the prompt, and a summariser is told to
+    follow no instruction in what it summarises)."""
     out: list[Mapping[str, Any]] = []
     for i in range(start, end):
-        unit = plan.units[i]
-        chunk: list[Mapping[str, Any]] = list(messages[unit.start : unit.end])
-        if i in plan.truncated:
-            chunk = truncate_unit(chunk, plan.cap, deep=i in plan.deep)
-        if i < plan.pruned_before and unit.kind in ("tool_round", "function_round"):
-            chunk = prune_unit(chunk)
-        out.extend(chunk)
+        if i not in plan.pinned:
+            out.extend(_shown(messages, plan, i))
     return out
 
 
 def render(messages: Sequence[Mapping[str, Any]], plan: Plan) -> list[Mapping[str, Any]]:
-    """The kept messages (head, then the units after the cut), transformed as planned.
-
-    A summary, when there is one, is inserted by the caller right after the head.
-    """
+    """The kept messages (head, pinned instructions, the units after the cut not dropped),
+    transformed as planned. A summary, when there is one, is put in place by the caller."""
     out: list[Mapping[str, Any]] = []
-    for i, unit in enumerate(plan.units):
-        if i < plan.head:
-            out.extend(messages[unit.start : unit.end])
-            continue
-        if i < plan.cut or i in plan.dropped:
-            continue
-        chunk: list[Mapping[str, Any]] = list(messages[unit.start : unit.end])
-        if i in plan.truncated:
-            chunk = truncate_unit(chunk, plan.cap, deep=i in plan.deep)
-        if i < plan.pruned_before and unit.kind in ("tool_round", "function_round"):
-            chunk = prune_unit(chunk)
-        out.extend(chunk)
+    for i in range(len(plan.units)):
+        if plan.kept(i):
+            out.extend(_shown(messages, plan, i))
     return out

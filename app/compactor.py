@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
+import anyio.to_thread
 import orjson
 
 from app.chat import Exchange
@@ -37,6 +39,10 @@ from app.tokens import TokenCounter
 
 CompleterFactory = Callable[[str, Mapping[str, str]], Completer]
 PROMPT_OVERHEAD = 700  # the summary prompt's own instructions, in tokens
+# Planning bigger than this runs in a worker thread, so it never holds up the event loop.
+OFFLOAD_MESSAGES = 256
+OFFLOAD_CHARS = 256 * 1024
+T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
@@ -139,7 +145,7 @@ class CompactionService:
             )
         except Exception as exc:  # any compaction bug: fall back, never a 500
             logger.exception("compaction failed for %s, falling back to trim", model)
-            outcome, error = self._fallback(exc, body, pipeline, budget, model)
+            outcome, error = await self._fallback(exc, body, pipeline, budget, model)
         result, usage, fallback = outcome
         return Preview(
             body,
@@ -156,7 +162,7 @@ class CompactionService:
             error,
         )
 
-    def _fallback(
+    async def _fallback(
         self,
         exc: Exception,
         body: dict[str, Any],
@@ -171,12 +177,15 @@ class CompactionService:
         messages = body["messages"]
         trimmed: tuple[StrategyName, ...] = ("trim",) if pipeline else ()
         try:
-            result = compact(
+            result = await offload(
                 messages,
-                trimmed,
-                budget,
-                lambda m: self._counter.count_message(model, m),
-                self._counter.count_fixed(model, body),
+                lambda: compact(
+                    messages,
+                    trimmed,
+                    budget,
+                    lambda m: self._counter.count_message(model, m),
+                    self._counter.count_fixed(model, body),
+                ),
             )
         except Exception:
             logger.exception("trim failed too for %s; forwarding the messages as received", model)
@@ -199,26 +208,19 @@ class CompactionService:
         def count(message: Mapping[str, Any]) -> int:
             return self._counter.count_message(model, message)
 
-        fixed = self._counter.count_fixed(model, body)
+        fixed = await offload(messages, partial(self._counter.count_fixed, model, body))
+        compaction = partial(compact, messages, pipeline, budget, count, fixed)
         if "summarize" not in pipeline or self._summaries is None or self._completer_for is None:
-            return compact(messages, pipeline, budget, count, fixed), SummaryUsage(), None
+            return await offload(messages, compaction), SummaryUsage(), None
         reserved = summary_budget(budget.goal)
-        the_plan = plan(messages, pipeline, budget, count, fixed, reserved)
+        the_plan = await offload(
+            messages, partial(plan, messages, pipeline, budget, count, fixed, reserved)
+        )
         if not the_plan.summarize:
-            return (
-                compact(
-                    messages,
-                    pipeline,
-                    budget,
-                    count,
-                    fixed,
-                    summary="",
-                    summary_tokens=reserved,
-                    planned=the_plan,
-                ),
-                SummaryUsage(),
-                None,
+            result = await offload(
+                messages, partial(compaction, summary="", summary_tokens=reserved, planned=the_plan)
             )
+            return result, SummaryUsage(), None
         window = await self._windows.window_for(summary_model, base_url)
         job = SummaryJob(
             messages=messages,
@@ -240,11 +242,13 @@ class CompactionService:
             reason = count_fallback(job.complete, exc)  # counted in /stats and /metrics
             logger.warning("summary failed (%s) for %s, trim instead: %s", reason, model, why)
             trimmed = tuple("trim" if s == "summarize" else s for s in pipeline)
-            return compact(messages, trimmed, budget, count, fixed), job.usage, why
-        result = compact(
-            messages, pipeline, budget, count, fixed,
-            summary=text, summary_tokens=reserved, planned=the_plan,
-        )  # fmt: skip
+            result = await offload(
+                messages, partial(compact, messages, trimmed, budget, count, fixed)
+            )
+            return result, job.usage, why
+        result = await offload(
+            messages, partial(compaction, summary=text, summary_tokens=reserved, planned=the_plan)
+        )
         return result, job.usage, None
 
     def _strategies(self, controls: Controls) -> tuple[StrategyName, ...] | None:
@@ -310,6 +314,38 @@ class CompactionService:
             exchange.body = preview.body
             exchange.forward = orjson.dumps(preview.body) if preview.changed_body else exchange.raw
         return True
+
+
+def _chars(message: Mapping[str, Any]) -> int:
+    """Roughly how much text a message holds (content, text parts, call arguments)."""
+    content = message.get("content")
+    size = len(content) if isinstance(content, str) else 0
+    for part in content if isinstance(content, list) else []:
+        if isinstance(part, dict) and isinstance(part.get("text"), str):
+            size += len(part["text"])
+    calls = message.get("tool_calls")
+    for call in calls if isinstance(calls, list) else []:
+        function = call.get("function") if isinstance(call, dict) else None
+        arguments = function.get("arguments") if isinstance(function, dict) else None
+        size += len(arguments) if isinstance(arguments, str) else 0
+    return size
+
+
+def is_large(messages: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether counting and planning these messages may take long enough to hold up other
+    requests: many messages, or much text."""
+    if len(messages) > OFFLOAD_MESSAGES:
+        return True
+    return sum(_chars(m) for m in messages if isinstance(m, Mapping)) > OFFLOAD_CHARS
+
+
+async def offload(messages: Sequence[Mapping[str, Any]], work: Callable[[], T]) -> T:
+    """Run counting and planning for `messages`: in a worker thread when they are large (the
+    pure core and the counter are thread-safe), so that no request's CPU time stalls the event
+    loop — other requests and `/healthz` go on being served meanwhile."""
+    if is_large(messages):
+        return await anyio.to_thread.run_sync(work)
+    return work()
 
 
 def as_received(messages: list[Any]) -> CompactionResult:

@@ -1,0 +1,88 @@
+"""No request's CPU work starves the event loop: while the proxy counts and plans a ~32 MiB
+conversation, `/healthz` keeps answering (issue 12, defect 6)."""
+
+from __future__ import annotations
+
+import time
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import orjson
+import pytest
+
+from app.compactor import OFFLOAD_CHARS, OFFLOAD_MESSAGES, is_large
+from app.factory import create_app
+from tests.conftest import make_settings
+from tests.fake_upstream import FakeUpstream
+
+pytestmark = pytest.mark.anyio
+HEALTHZ_BOUND = 1.0  # seconds: generous, the point is that the loop is not blocked
+PROBE_EVERY = 0.05
+
+
+def huge_chat(messages: int = 16_000, words: int = 400) -> list[dict[str, Any]]:
+    chat: list[dict[str, Any]] = [{"role": "system", "content": "Be brief."}]
+    for i in range(messages - 1):
+        role = "user" if i % 2 == 0 else "assistant"
+        chat.append({"role": role, "content": f"m{i} " + "word " * words})
+    return chat
+
+
+def test_what_counts_as_large() -> None:
+    small = [{"role": "user", "content": "hi"}] * OFFLOAD_MESSAGES
+    assert not is_large(small)
+    assert is_large([*small, {"role": "assistant", "content": "hello"}])
+    assert is_large([{"role": "tool", "tool_call_id": "c", "content": "x" * (OFFLOAD_CHARS + 1)}])
+    parts = [{"type": "text", "text": "x" * (OFFLOAD_CHARS // 2 + 1)}] * 2
+    assert is_large([{"role": "user", "content": parts}])
+    fn = {"name": "write_file", "arguments": "x" * (OFFLOAD_CHARS + 1)}
+    assert is_large([{"role": "assistant", "content": None, "tool_calls": [{"function": fn}]}])
+
+
+async def test_healthz_answers_during_a_32_mib_compaction(
+    tmp_path: Path, fake: FakeUpstream
+) -> None:
+    body = orjson.dumps({"model": "gpt-4o", "messages": huge_chat()})
+    assert 30 * 2**20 < len(body) <= 32 * 2**20
+    app = create_app(make_settings(tmp_path), transport=httpx.ASGITransport(app=fake.app))
+    transport = httpx.ASGITransport(app=app)
+    beats: list[float] = []  # when each /healthz answer came back
+    outcome: dict[str, Any] = {}
+    done = anyio.Event()
+
+    async def compact_it(client: httpx.AsyncClient) -> None:
+        start = time.monotonic()
+        outcome["response"] = await client.post(
+            "/v1/compaction/preview",
+            content=body,
+            headers={"X-Compaction-Strategy": "middle-out", "X-Compaction-Context-Limit": "1024"},
+        )
+        outcome["seconds"] = time.monotonic() - start
+        done.set()
+
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=transport, base_url="http://proxy") as client,
+    ):
+        assert (await client.get("/healthz")).status_code == 200
+        with anyio.fail_after(300):
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(compact_it, client)
+                while not done.is_set():  # a liveness probe every 50 ms, until it is done
+                    assert (await client.get("/healthz")).status_code == 200
+                    beats.append(time.monotonic())
+                    with anyio.move_on_after(PROBE_EVERY):
+                        await done.wait()
+                beats.append(time.monotonic())  # the loop saw the compaction end
+    response = outcome["response"]
+    assert response.status_code == 200
+    assert response.json()["report"]["applied"] == ["middle-out"]
+    # The loop answered all along: never a second without a /healthz answer (a blocked loop
+    # leaves one gap as long as the compaction), while the big request took its time.
+    gaps = [later - earlier for earlier, later in pairwise(beats)]
+    assert max(gaps) < HEALTHZ_BOUND, (max(gaps), outcome["seconds"])
+    assert len(beats) >= 5
+    assert outcome["seconds"] > 2 * max(gaps)

@@ -75,6 +75,7 @@ def main() -> None:
         print("## Planning cost\n")
         print(compaction.planning_cost_report() + "\n")
         print(compaction.scaling_report() + "\n")
+        print(compaction.middle_out_report() + "\n")
     if "cost" in only:
         print("## Dollars on transcript replays: inflight vs uncompacted, caching counted\n")
         print(cost.report() + "\n")

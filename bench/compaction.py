@@ -14,7 +14,10 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
+
+import orjson
 
 from app.compaction.engine import compact
 from app.compaction.policy import Budget
@@ -225,3 +228,44 @@ def scaling_report(sizes: Sequence[int] = (100, 250, 500, 1000, 2000)) -> str:
             runs.append((time.perf_counter() - start) * 1000)
         rows.append(f"| {len(messages)} | {statistics.median(runs):.1f} ms |")
     return "| messages | warm plan (32k window) |\n|---:|---:|\n" + "\n".join(rows)
+
+
+def _chat(size: int, text: Callable[[int], str]) -> Messages:
+    """A system message, then `size - 1` user/assistant turns."""
+    turns: Messages = [{"role": "system", "content": "Be brief."}]
+    turns += [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": text(i)} for i in range(size - 1)
+    ]
+    return turns
+
+
+def middle_out_report(window: int = 1024) -> str:
+    """Middle-out (and its neighbours) on huge histories at a small window: the replay is
+    near-linear, so 16,000 messages (6.6 MB) and 100,000 tiny ones plan in about a second.
+    `count + plan` starts from a cold token counter (o200k, as for gpt-4o); `plan` alone gets
+    the counts from a table, which isolates the planner."""
+    histories = {
+        "16,000 messages (6.6 MB)": _chat(16_000, lambda i: f"m{i} " + "word " * 76),
+        "100,000 tiny messages": _chat(100_000, lambda i: f"m{i}"),
+    }
+    budget = Budget(window, window // 2, 0.8, 0.5)
+    rows = []
+    for name, messages in histories.items():
+        known = {id(m): len(orjson.dumps(m)) // 4 + 3 for m in messages}
+        for pipeline in (("middle-out",), ("truncate", "middle-out"), ("trim",)):
+            counter = ChatTokenCounter(load_encodings())
+            start = time.perf_counter()
+            compact(messages, pipeline, budget, partial(counter.count_message, "gpt-4o"), 3)
+            cold = time.perf_counter() - start
+            start = time.perf_counter()
+            compact(messages, pipeline, budget, lambda m, table=known: table[id(m)], 3)
+            alone = time.perf_counter() - start
+            mb = len(orjson.dumps(messages)) / 1e6
+            rows.append(
+                f"| {name} | {mb:.1f} MB | `{','.join(pipeline)}` | {cold:.2f} s | {alone:.2f} s |"
+            )
+    header = (
+        f"Huge histories at a {window:,}-token window, one run each:\n\n"
+        "| history | body | strategy | count + plan | plan |\n|---|---:|---|---:|---:|"
+    )
+    return header + "\n" + "\n".join(rows)

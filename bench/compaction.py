@@ -245,7 +245,7 @@ def middle_out_report(window: int = 1024) -> str:
     `count + plan` starts from a cold token counter (o200k, as for gpt-4o); `plan` alone gets
     the counts from a table, which isolates the planner."""
     histories = {
-        "16,000 messages (6.6 MB)": _chat(16_000, lambda i: f"m{i} " + "word " * 76),
+        "16,000 messages": _chat(16_000, lambda i: f"m{i} " + "word " * 75),
         "100,000 tiny messages": _chat(100_000, lambda i: f"m{i}"),
     }
     budget = Budget(window, window // 2, 0.8, 0.5)

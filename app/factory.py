@@ -13,32 +13,32 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from app import __version__
-from app.auth import KeyChecker
 from app.banner import log_banner
-from app.chat import ChatService, Exchange
-from app.compactor import CompactionService
+from app.compaction.service import CompactionService
+from app.compaction.summary.cache import SingleFlight, SummaryCache, open_cache
+from app.compaction.summary.prompt import Completer, SummaryPrompt
+from app.compaction.summary.rolling import Summaries
 from app.dashboard.assets import DashboardAssets
-from app.discovery import discover_window
-from app.encodings import load_encodings
 from app.errors import BadRequest, ProxyError
+from app.http.auth import KeyChecker
 from app.http.errors import error_response, proxy_error_handler
-from app.limits import ModelTable, WindowRegistry
-from app.metrics import Metrics
-from app.passthrough import PassthroughService
+from app.http.routes import chat, compaction, dashboard, ops, passthrough
+from app.http.state import AppState
 from app.pricing.meter import CostMeter
 from app.pricing.table import PriceTable
-from app.recording import records_for
-from app.routes import chat, compaction, dashboard, ops, passthrough
+from app.proxy.chat import ChatService, Exchange
+from app.proxy.passthrough import PassthroughService
+from app.proxy.upstream import Upstream, summary_completer
 from app.settings import Settings
-from app.state import AppState
-from app.stores import open_store
-from app.summaries import SingleFlight, SummaryCache, open_cache
-from app.summarize import Summaries
-from app.summarizer import Completer, SummaryPrompt
-from app.summary_stats import CountedCompleter, SummaryStats
-from app.tokens import ChatTokenCounter
-from app.upstream import Upstream, summary_completer
-from app.usage import UsageQueue, UsageRecord, UsageStore
+from app.tokens.counter import ChatTokenCounter
+from app.tokens.encodings import load_encodings
+from app.usage.metrics import Metrics
+from app.usage.recording import records_for
+from app.usage.records import UsageQueue, UsageRecord, UsageStore
+from app.usage.stores import open_store
+from app.usage.summary_stats import CountedCompleter, SummaryStats
+from app.windows.discovery import discover_window
+from app.windows.registry import ModelTable, WindowRegistry
 
 logger = logging.getLogger(__name__)
 

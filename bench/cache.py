@@ -18,8 +18,8 @@ from typing import Any
 import anyio
 import httpx
 
-from app.encodings import load_encodings
-from app.tokens import ChatTokenCounter
+from app.tokens.counter import ChatTokenCounter
+from app.tokens.encodings import load_encodings
 from bench.compaction import keep_newest
 from bench.procs import proxy_in_process
 

@@ -21,9 +21,9 @@ import orjson
 
 from app.compaction.engine import compact
 from app.compaction.policy import Budget
-from app.encodings import load_encodings
-from app.messages import check_pair_safety, group_units, pinned_head
-from app.tokens import ChatTokenCounter
+from app.compaction.units import check_pair_safety, group_units, pinned_head
+from app.tokens.counter import ChatTokenCounter
+from app.tokens.encodings import load_encodings
 from tests.support import load_traces, request_points
 
 Messages = list[Mapping[str, Any]]

@@ -29,13 +29,13 @@ from pathlib import Path
 from typing import Any
 
 from app.compaction.policy import Budget
-from app.encodings import load_encodings
-from app.messages import group_units, pinned_head
+from app.compaction.units import group_units, pinned_head
 from app.pricing.cost import Billed, automatic_hit, dollars
 from app.pricing.meter import CostMeter
 from app.pricing.table import BaselineRules, Caching, ModelPrice, PriceTable
-from app.tokens import ChatTokenCounter
-from app.usage import UsageRecord
+from app.tokens.counter import ChatTokenCounter
+from app.tokens.encodings import load_encodings
+from app.usage.records import UsageRecord
 from bench.compaction import inflight_auto, keep_newest
 from tests.support import load_traces, request_points
 

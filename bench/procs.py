@@ -73,7 +73,7 @@ def proxy_process(
     argv = [
         sys.executable,
         "-m",
-        "app.cli",
+        "app.cli.commands",
         "serve",
         "--port",
         str(port),

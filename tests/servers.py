@@ -12,8 +12,8 @@ from typing import Any
 import anyio
 import uvicorn
 
-from app.stores.sqlite import SQLiteStore
-from app.usage import UsageRecord
+from app.usage.records import UsageRecord
+from app.usage.stores.sqlite import SQLiteStore
 
 
 @contextmanager

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.calibration import (
+from app.tokens.calibration import (
     EXACT_BOUNDS,
     HEURISTIC_BOUNDS,
     NEUTRAL,

@@ -18,8 +18,8 @@ from app.factory import create_app
 from app.pricing.meter import CostMeter
 from app.pricing.table import PriceTable, PriceTableError
 from app.settings import Settings
-from app.stores import open_store
-from app.usage import UsageRecord, UsageStore
+from app.usage.records import UsageRecord, UsageStore
+from app.usage.stores import open_store
 from tests.conftest import make_settings
 from tests.fake_upstream import FakeUpstream
 from tests.pg_server import postgres_url

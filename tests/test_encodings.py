@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from app import encodings as encodings_module
-from app.encodings import (
+from app.tokens import encodings as encodings_module
+from app.tokens.counter import ChatTokenCounter
+from app.tokens.encodings import (
     ENCODING_FILES,
     EncodingSet,
     cache_path,
@@ -22,7 +23,6 @@ from app.encodings import (
     main,
     seed,
 )
-from app.tokens import ChatTokenCounter
 
 
 @pytest.fixture
@@ -89,7 +89,7 @@ def test_missing_everything_falls_back_to_the_heuristic_and_warns_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     monkeypatch.setattr(encodings_module, "_packaged", lambda name: None)
-    with caplog.at_level(logging.WARNING, logger="app.encodings"):
+    with caplog.at_level(logging.WARNING, logger="app.tokens.encodings"):
         empty = load_encodings(tmp_path / "empty")
     assert set(empty.missing) == set(ENCODING_FILES)
     assert len([r for r in caplog.records if "heuristic" in r.getMessage()]) == 1

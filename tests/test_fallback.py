@@ -17,15 +17,15 @@ import redis.exceptions
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.compactor import CompactionService, report_headers
-from app.encodings import load_encodings
+from app.compaction.service import CompactionService, report_headers
+from app.compaction.summary.cache import MemoryCache, SingleFlight
+from app.compaction.summary.prompt import Completer, SummaryPrompt
+from app.compaction.summary.rolling import Summaries
+from app.compaction.units import check_pair_safety
 from app.factory import create_app
-from app.limits import ModelTable, WindowRegistry
-from app.messages import check_pair_safety
-from app.summaries import MemoryCache, SingleFlight
-from app.summarize import Summaries
-from app.summarizer import Completer, SummaryPrompt
-from app.tokens import ChatTokenCounter
+from app.tokens.counter import ChatTokenCounter
+from app.tokens.encodings import load_encodings
+from app.windows.registry import ModelTable, WindowRegistry
 from tests.conftest import make_settings
 from tests.conversations import conversations
 from tests.fake_upstream import FakeUpstream, completion
@@ -102,9 +102,9 @@ async def test_an_unexpected_error_falls_back_to_trim_and_is_logged(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    monkeypatch.setattr("app.summarize.render_span", _explode)
+    monkeypatch.setattr("app.compaction.summary.rolling.render_span", _explode)
     messages = long_history(40)
-    with caplog.at_level(logging.ERROR, logger="app.compactor"):
+    with caplog.at_level(logging.ERROR, logger="app.compaction.service"):
         response = await send(proxy, messages)
     assert response.status_code == 200
     assert response.headers["x-compaction-applied"] == "trim"
@@ -127,11 +127,11 @@ async def test_when_trim_fails_too_the_request_is_forwarded_as_received(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    monkeypatch.setattr("app.compactor.compact", _explode)
-    monkeypatch.setattr("app.compactor.plan", _explode)
+    monkeypatch.setattr("app.compaction.service.compact", _explode)
+    monkeypatch.setattr("app.compaction.service.plan", _explode)
     messages = long_history(40)
     body = orjson.dumps({"model": "gpt-4o", "messages": messages})
-    with caplog.at_level(logging.ERROR, logger="app.compactor"):
+    with caplog.at_level(logging.ERROR, logger="app.compaction.service"):
         response = await proxy.post(
             "/v1/chat/completions", content=body, headers={"X-Compaction-Context-Limit": "2048"}
         )

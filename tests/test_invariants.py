@@ -13,15 +13,15 @@ from hypothesis import strategies as st
 from app.compaction.engine import CompactionResult, compact, summary_message
 from app.compaction.planner import Plan, plan, render, render_span
 from app.compaction.policy import Budget, StrategyName
+from app.compaction.summary.rolling import summary_budget
 from app.compaction.truncate import truncate_unit
-from app.messages import (
+from app.compaction.units import (
     HEAD_ROLES,
     check_pair_safety,
     group_units,
     is_strict_alternation,
     pinned_head,
 )
-from app.summarize import summary_budget
 from tests.conversations import (
     common_prefix,
     conversations,

@@ -10,7 +10,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from app.limits import (
+from app.windows.registry import (
     LimitSource,
     ModelTable,
     Window,

@@ -113,7 +113,7 @@ def proxy_process(tmp_path: Path, upstream: str) -> Iterator[tuple[subprocess.Po
         "INFLIGHT_CONFIG_DIR": str(Path(__file__).resolve().parents[1] / "config"),
     }
     proc = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--upstream", upstream,
+        [sys.executable, "-m", "app.cli.commands", "serve", "--port", str(port), "--upstream", upstream,
          "--log-level", "warning", "--graceful-timeout", "20"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip

@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from app.factory import create_app
-from app.overflow import OverflowInfo, parse_overflow
+from app.windows.overflow import OverflowInfo, parse_overflow
 from tests.conftest import make_settings
 from tests.fake_upstream import completion
 
@@ -186,7 +186,7 @@ def test_a_tiny_number_is_not_a_window() -> None:
 
 def test_every_phrasing_in_the_table_is_tested() -> None:
     """Each regex of the table answers at least one case above (no dead phrasings)."""
-    from app.overflow import PHRASINGS, _message_and_fields
+    from app.windows.overflow import PHRASINGS, _message_and_fields
 
     cases = [case.values[0] for case in _CASES]
     for pattern, _, _ in PHRASINGS:

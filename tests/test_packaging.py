@@ -76,7 +76,7 @@ class Server:
         self.lines: queue.Queue[str] = queue.Queue()
         self.seen: list[str] = []
         self.process = subprocess.Popen(
-            [sys.executable, "-c", "import sys; from app.cli import main; sys.exit(main())", *args],
+            [sys.executable, "-c", "import sys; from app.cli.commands import main; sys.exit(main())", *args],
             cwd=cwd,
             env=env,
             stdout=subprocess.DEVNULL,
@@ -164,7 +164,7 @@ def test_serve_outside_the_checkout_uses_the_packaged_config_and_says_so(
 def test_a_missing_config_directory_is_one_line_naming_it(outside: Path) -> None:
     missing = outside / "no-such-config"
     result = subprocess.run(
-        [sys.executable, "-m", "app.cli", "serve", "--config", str(missing)],
+        [sys.executable, "-m", "app.cli.commands", "serve", "--config", str(missing)],
         cwd=ROOT,
         env=clean_env(),
         capture_output=True,

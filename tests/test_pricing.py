@@ -298,7 +298,7 @@ def test_bodies_without_history_have_no_conversation() -> None:
 
 
 def test_inflight_stats_prints_dollars() -> None:
-    from app.stats_view import render_stats, usd
+    from app.cli.stats_table import render_stats, usd
 
     def cost(actual: float, baseline: float, summaries: float = 0.0) -> dict[str, object]:
         return {"currency": "USD", "actual": actual, "baseline": baseline,

@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 from app.compaction.engine import SUMMARY_PREFIX, CompactionResult, compact
 from app.compaction.planner import MessageCounter, plan, render_span
 from app.compaction.policy import Budget, StrategyName
-from app.encodings import load_encodings
-from app.limits import output_reserve
-from app.messages import is_strict_alternation
-from app.tokens import ChatTokenCounter
+from app.compaction.units import is_strict_alternation
+from app.tokens.counter import ChatTokenCounter
+from app.tokens.encodings import load_encodings
+from app.windows.registry import output_reserve
 from tests.conversations import (
     conversations,
     follows_strict_rule,

@@ -8,7 +8,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from app.summaries import MemoryCache, RedisCache, SingleFlight
+from app.compaction.summary.cache import MemoryCache, RedisCache, SingleFlight
 from tests.redis_server import redis_url
 
 pytestmark = pytest.mark.anyio

@@ -14,11 +14,11 @@ import pytest
 
 from app.compaction.planner import plan
 from app.compaction.policy import Budget
+from app.compaction.summary.cache import MemoryCache, SingleFlight
+from app.compaction.summary.prompt import SummaryPrompt, chunk_transcript, render_message
+from app.compaction.summary.rolling import Summaries, SummaryJob, span_keys
 from app.factory import create_app
 from app.settings import Settings
-from app.summaries import MemoryCache, SingleFlight
-from app.summarize import Summaries, SummaryJob, span_keys
-from app.summarizer import SummaryPrompt, chunk_transcript, render_message
 from tests.conftest import make_settings
 from tests.conversations import common_prefix, simple_count, summary_in, summary_text
 from tests.fake_upstream import FakeUpstream, completion

@@ -15,7 +15,7 @@ from app.compaction.engine import compact
 from app.compaction.planner import plan
 from app.compaction.policy import Budget, StrategyName
 from app.compaction.truncate import MARKER, cap_chars, cut_text, kept_length, truncate_unit
-from app.messages import HEAD_ROLES, check_pair_safety, is_strict_alternation
+from app.compaction.units import HEAD_ROLES, check_pair_safety, is_strict_alternation
 from tests.conversations import conversations, simple_count, strict_floor
 
 AUTO: tuple[StrategyName, ...] = ("truncate", "prune", "trim")

@@ -11,11 +11,11 @@ from typing import Any
 import anyio
 import pytest
 
-from app.metrics import Metrics
-from app.stats_view import bar, percent, render_stats
-from app.stores import open_store
-from app.stores.sql import SCHEMA_VERSION
-from app.usage import UsageQueue, UsageRecord, UsageStore
+from app.cli.stats_table import bar, percent, render_stats
+from app.usage.metrics import Metrics
+from app.usage.records import UsageQueue, UsageRecord, UsageStore
+from app.usage.stores import open_store
+from app.usage.stores.sql import SCHEMA_VERSION
 from tests.pg_server import postgres_url
 
 pytestmark = pytest.mark.anyio

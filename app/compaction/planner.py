@@ -29,7 +29,7 @@ from app.compaction.prune import MIN_SAVING_SHARE, PROTECT_SHARE, prune_unit
 from app.compaction.sums import RunningSums
 from app.compaction.trim import advance_cut
 from app.compaction.truncate import cap_chars, truncate_unit
-from app.messages import Unit, UnitRoles
+from app.compaction.units import Unit, UnitRoles
 
 MessageCounter = Callable[[Mapping[str, Any]], int]
 SummaryRole = Literal["user", "assistant", "fold"]

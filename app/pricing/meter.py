@@ -15,7 +15,7 @@ from typing import Any
 from app.pricing.cost import Billed, baseline_billed, dollars
 from app.pricing.history import PromptHistory, conversation_items, conversation_key
 from app.pricing.table import ModelPrice, PriceTable
-from app.usage import UsageRecord
+from app.usage.records import UsageRecord
 
 
 @dataclass(frozen=True, slots=True)

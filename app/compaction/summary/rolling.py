@@ -1,0 +1,163 @@
+"""The `summarize` strategy's async side: rolling summaries through the upstream, cached.
+
+The pure planner decides which span a summary replaces (its cut only moves at compaction
+events). Here the summary for the current cut is found or made: from the cache (keyed by a hash
+of the summarised span, the model and the prompt version); else by updating the newest cached
+summary of an earlier event's cut with everything cut since (one upstream call per event when
+the cache is warm); else, on a cold cache, from scratch — always in chunks that each fit the
+summariser's window. Any failure — error status, timeout, empty or oversized answer — raises
+`SummaryFailed`; the caller falls back to `trim` for that request.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from app.compaction.planner import Plan, render_span
+from app.compaction.summary.cache import SingleFlight
+from app.compaction.summary.prompt import (
+    Completer,
+    SummaryFailed,
+    SummaryPrompt,
+    SummaryUsage,
+    chunk_transcript,
+    parse_summary,
+)
+
+logger = logging.getLogger(__name__)
+
+TextCounter = Callable[[str], int]
+
+
+def summary_budget(goal_tokens: int) -> int:
+    """Tokens reserved for the summary message: a quarter of the target, 128–1,024."""
+    return max(128, min(1024, goal_tokens // 4))
+
+
+def span_keys(
+    messages: Sequence[Mapping[str, Any]], plan: Plan, model: str, prompt: SummaryPrompt
+) -> list[tuple[int, str]]:
+    """(unit where the span ends, cache key) for each event cut, oldest first.
+
+    A key hashes everything summarised up to that cut, so it is the same on every replica and
+    changes only when the summarised content does.
+    """
+    head_end = plan.units[plan.head - 1].end if plan.head else 0
+    h = hashlib.sha256(f"{model}\0{prompt.version}\0".encode())
+    keys: list[tuple[int, str]] = []
+    position = head_end
+    for cut in plan.events:
+        end = plan.units[cut].start if cut < len(plan.units) else len(messages)
+        for message in messages[position:end]:
+            h.update(orjson.dumps(message, option=orjson.OPT_SORT_KEYS))
+            h.update(b"\0")
+        position = end
+        keys.append((cut, h.copy().hexdigest()))
+    return keys
+
+
+@dataclass(slots=True)
+class SummaryJob:
+    """Everything one request's summary needs."""
+
+    messages: Sequence[Mapping[str, Any]]
+    plan: Plan
+    model: str
+    complete: Completer
+    summary_tokens: int
+    chunk_tokens: int
+    count_text: TextCounter
+    usage: SummaryUsage = field(default_factory=SummaryUsage)
+    key: str = ""  # the cache key of the summary this job is for (set by `summary_for`)
+
+
+class Summaries:
+    """Finds or makes the summary of a plan's cut span.
+
+    A span whose summary just failed (error, garbage, or over the request's deadline) is not
+    retried by every following request of the conversation — each would wait out the same
+    deadline before falling back — but only after `retry_after` seconds; until then requests
+    fall back to `trim` at once.
+    """
+
+    def __init__(
+        self,
+        prompt: SummaryPrompt,
+        flight: SingleFlight,
+        *,
+        retry_after: float = 600.0,
+        max_failures: int = 10_000,
+    ) -> None:
+        self.prompt = prompt
+        self._flight = flight
+        self._retry_after = retry_after
+        self._max_failures = max_failures
+        self._failed: OrderedDict[str, float] = OrderedDict()  # key -> when to retry
+
+    async def summary_for(self, job: SummaryJob) -> str:
+        keys = span_keys(job.messages, job.plan, job.model, self.prompt)
+        job.key = keys[-1][1]
+        retry = self._failed.get(job.key)
+        if retry is not None:
+            if time.monotonic() < retry:
+                raise SummaryFailed("the summary of this span failed recently; not retried yet")
+            del self._failed[job.key]
+        try:
+            return await self._flight.get_or_compute(job.key, lambda: self._roll(job, keys))
+        except SummaryFailed:
+            self.mark_failed(job)
+            raise
+
+    def mark_failed(self, job: SummaryJob) -> None:
+        """Remember that `job`'s summary could not be made (also after its deadline)."""
+        if not job.key:
+            return
+        self._failed[job.key] = time.monotonic() + self._retry_after
+        self._failed.move_to_end(job.key)
+        while len(self._failed) > self._max_failures:
+            self._failed.popitem(last=False)
+
+    async def _roll(self, job: SummaryJob, keys: list[tuple[int, str]]) -> str:
+        """The summary for the newest cut: the newest cached summary of an earlier cut updated
+        with everything cut since, in as few chunks as fit the summariser — a loop, never a
+        recursion, however many events the history holds."""
+        previous: str | None = None
+        start = job.plan.head
+        for end, key in reversed(keys[:-1]):
+            cached = await self._flight.cached(key)
+            if cached is not None:
+                previous, start = cached, end
+                break
+        # What leaves the prompt, as the prompt showed it (pruned outputs as placeholders).
+        span = render_span(job.messages, job.plan, start, keys[-1][0])
+        return await self._summarize(job, span, previous)
+
+    async def _summarize(
+        self, job: SummaryJob, span: Sequence[Mapping[str, Any]], previous: str | None
+    ) -> str:
+        summary = previous
+        for chunk in chunk_transcript(span, job.count_text, job.chunk_tokens):
+            body = {
+                "model": job.model,
+                "messages": [{"role": "user", "content": self.prompt.render(chunk, summary)}],
+                "max_tokens": job.summary_tokens,
+                "temperature": 0,
+                "stream": False,
+            }
+            status, content = await job.complete(body)
+            summary, usage = parse_summary(status, content, max_chars=job.summary_tokens * 8)
+            # The upstream enforces max_tokens; twice the budget by our estimate means it did not.
+            if job.count_text(summary) > job.summary_tokens * 2:
+                raise SummaryFailed("summary far longer than its reserved budget")
+            job.usage = job.usage + usage
+        if summary is None:
+            raise SummaryFailed("nothing to summarise")
+        return summary

@@ -1,0 +1,59 @@
+"""Operations: liveness, readiness, usage totals and Prometheus metrics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+
+from app.http import openapi
+from app.http.state import ClientKey, State
+
+router = APIRouter()
+
+
+@router.get("/healthz")
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/readyz", response_model=None, openapi_extra=openapi.READYZ)
+async def readyz(state: State) -> JSONResponse:
+    store = await state.store.ping()
+    upstream = await state.upstream.reachable()
+    ready = store and upstream
+    return JSONResponse(
+        {"ready": ready, "store": store, "upstream": upstream}, status_code=200 if ready else 503
+    )
+
+
+@router.get("/stats", openapi_extra=openapi.STATS)
+async def stats(state: State, client: ClientKey) -> dict[str, Any]:
+    totals = await state.store.totals()
+    return {
+        **totals,
+        "summaries": state.metrics.summary_stats.snapshot(),
+        "calibration": state.counter.calibration_factors(),
+        "calibration_detail": state.counter.calibration(),
+        "token_counting": {
+            "heuristic_for": list(state.encodings_missing),
+            "exact_encodings_loaded": not state.encodings_missing,
+        },
+        "usage_queue": {
+            "depth": state.queue.depth,
+            "written": state.queue.written,
+            "failed": state.queue.failed,
+            "dropped": state.queue.dropped,
+        },
+    }
+
+
+@router.get(
+    "/metrics",
+    response_model=None,
+    response_class=PlainTextResponse,
+    openapi_extra=openapi.METRICS,
+)
+async def metrics(state: State, client: ClientKey) -> Response:
+    return Response(state.metrics.render(), media_type=state.metrics.content_type)

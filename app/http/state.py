@@ -1,0 +1,57 @@
+"""The typed container of the app's collaborators, and the dependency functions that read it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from app.compaction.service import CompactionService
+from app.http.auth import KeyChecker
+from app.proxy.chat import ChatService
+from app.proxy.passthrough import PassthroughService
+from app.proxy.upstream import Upstream
+from app.settings import Settings
+from app.tokens.counter import ChatTokenCounter
+from app.usage.metrics import Metrics
+from app.usage.records import UsageQueue, UsageStore
+from app.windows.registry import WindowRegistry
+
+
+@dataclass(slots=True)
+class AppState:
+    """Everything built once in `create_app` and shared by every request."""
+
+    settings: Settings
+    upstream: Upstream
+    keys: KeyChecker
+    chat: ChatService
+    passthrough: PassthroughService
+    counter: ChatTokenCounter
+    windows: WindowRegistry
+    compactor: CompactionService
+    store: UsageStore
+    queue: UsageQueue
+    metrics: Metrics
+    encodings_missing: tuple[str, ...]
+
+
+async def get_state(request: Request) -> AppState:
+    state: AppState = request.app.state.inflight
+    return state
+
+
+async def require_client(request: Request) -> str | None:
+    """Authenticate the caller; returns its key id (a hash prefix) or None.
+
+    Dependencies are `async def` so FastAPI runs them inline, not in its thread pool.
+    """
+    state: AppState = request.app.state.inflight
+    key = state.keys.check(request.headers.get("authorization"))
+    request.state.client_key_id = key
+    return key
+
+
+State = Annotated[AppState, Depends(get_state)]
+ClientKey = Annotated[str | None, Depends(require_client)]

@@ -1,0 +1,98 @@
+"""Every other `/v1/*` route: method, path, query, headers and body relayed unchanged.
+
+Each relayed request is recorded (`kind="passthrough"`, by API: `/v1/responses`, `/v1/models`…)
+with its status and outcome, apart from the chat counters since its body is never read.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from app.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
+from app.http.body import limited_stream
+from app.proxy.relay import RelayResponse, RelayResult
+from app.proxy.upstream import Upstream, filter_request_headers, filter_response_headers
+from app.settings import Settings
+from app.usage.recording import passthrough_record, passthrough_route
+from app.usage.records import Outcome, UsageRecord
+
+Recorder = Callable[[UsageRecord], None]
+
+
+def _has_body(request: Request) -> bool:
+    length = request.headers.get("content-length")
+    if length is not None:
+        return length.strip() not in ("", "0")
+    return "transfer-encoding" in request.headers
+
+
+class PassthroughService:
+    """Streams the request body up and the response body down, byte for byte."""
+
+    def __init__(
+        self, settings: Settings, upstream: Upstream, *, record: Recorder | None = None
+    ) -> None:
+        self._settings = settings
+        self._upstream = upstream
+        self._record = record
+
+    async def handle(
+        self, request: Request, v1_path: str, client_key_id: str | None = None
+    ) -> Response:
+        started = time.perf_counter()
+        route = self._upstream.default_route
+        headers = filter_request_headers(
+            request.headers.items(), api_key=route.api_key, identity=False
+        )
+        content = (
+            limited_stream(request, self._settings.max_body_bytes) if _has_body(request) else None
+        )
+        url = self._upstream.url(route, v1_path, request.url.query.encode())
+        api = passthrough_route(v1_path)
+        try:
+            upstream = await self._upstream.send(request.method, url, headers, content)
+        except ProxyError as exc:
+            failed = isinstance(exc, UpstreamTimeout | UpstreamUnavailable)
+            outcome: Outcome = "upstream_error" if failed else "rejected"
+            self._done(api, exc.status_code, outcome, started, None, client_key_id)
+            raise
+        status = upstream.status_code
+
+        async def on_end(result: RelayResult) -> None:
+            ended: Outcome = "upstream_error" if status >= 400 else result.outcome
+            self._done(api, status, ended, started, result.ttfb, client_key_id)
+
+        return RelayResponse(
+            upstream,
+            status_code=status,
+            headers=filter_response_headers(upstream.headers),
+            raw=True,
+            started=started,
+            on_end=on_end,
+        )
+
+    def _done(
+        self,
+        api: str,
+        status: int,
+        outcome: Outcome,
+        started: float,
+        ttfb: float | None,
+        client_key_id: str | None,
+    ) -> None:
+        if self._record is None:
+            return
+        self._record(
+            passthrough_record(
+                api,
+                status=status,
+                outcome=outcome,
+                started=started,
+                ttfb=ttfb,
+                client_key_id=client_key_id,
+            )
+        )

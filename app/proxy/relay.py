@@ -1,0 +1,185 @@
+"""A streaming response that relays upstream bytes and always closes the upstream response.
+
+Starlette's `StreamingResponse` gives no guarantee that the upstream is closed when the client
+goes away while we wait on the upstream, so this class owns that boundary: it races the byte pump
+against `http.disconnect`, and every ending (completion, client disconnect, upstream error)
+runs the same `finally` that closes the upstream response and reports the outcome once.
+
+A stream whose final event (`data: [DONE]`, as the SSE tap sees it) reached the client is
+`completed` even when the client hangs up before the upstream closes: the openai SDK and
+langchain close the connection right after `[DONE]`, and some upstreams linger before closing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import anyio
+import httpx
+from starlette.background import BackgroundTask
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from app.errors import UpstreamTimeout, UpstreamUnavailable
+from app.proxy.sse_tap import SSETap
+from app.proxy.upstream import public_url
+
+logger = logging.getLogger(__name__)
+
+Outcome = Literal["completed", "client_disconnected", "upstream_error"]
+
+
+class UpstreamBodyBroken(Exception):
+    """Raised to the ASGI server so it aborts a plain (non-SSE) body the upstream broke."""
+
+
+@dataclass(frozen=True, slots=True)
+class RelayResult:
+    """How a relayed stream ended."""
+
+    outcome: Outcome
+    ttfb: float | None
+    bytes_sent: int
+
+
+def buffered_response(content: bytes, status_code: int, headers: list[tuple[str, str]]) -> Response:
+    """A complete body with the upstream's headers kept as a list (repeated names survive)."""
+    response = Response(content, status_code=status_code)
+    response.raw_headers = [
+        (k.encode("latin-1"), v.encode("latin-1"))
+        for k, v in headers
+        if k.lower() != "content-length"
+    ] + [(b"content-length", str(len(content)).encode())]
+    return response
+
+
+class RelayResponse(Response):
+    """ASGI response: status and headers now, then the upstream body chunk by chunk."""
+
+    background: BackgroundTask | None = None
+
+    def __init__(
+        self,
+        upstream: httpx.Response,
+        *,
+        status_code: int,
+        headers: list[tuple[str, str]],
+        tap: SSETap | None = None,
+        raw: bool = False,
+        started: float | None = None,
+        on_end: Callable[[RelayResult], Awaitable[None]] | None = None,
+    ) -> None:
+        self.upstream = upstream
+        self.status_code = status_code
+        self.relay_headers = headers
+        self.raw_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers]
+        self.tap = tap
+        self.raw = raw
+        self.started = started if started is not None else time.perf_counter()
+        self.on_end = on_end
+        self._sse = any(
+            k.lower() == "content-type" and "text/event-stream" in v for k, v in headers
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        progress = _Progress()
+        broken: Exception | None = None
+        try:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": self.status_code,
+                    "headers": self.raw_headers,
+                }
+            )
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_watch_disconnect, receive, progress, tg.cancel_scope)
+                broken = await self._pump(send, progress)
+                tg.cancel_scope.cancel()
+            if broken is not None:
+                # A plain body cannot carry an error once started: abort the connection so the
+                # client sees an incomplete response, never a silently truncated 200.
+                raise UpstreamBodyBroken("upstream broke mid-body") from broken
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.upstream.aclose()
+                if self.on_end is not None:
+                    await self.on_end(RelayResult(progress.outcome, progress.ttfb, progress.sent))
+
+    async def _pump(self, send: Send, progress: _Progress) -> Exception | None:
+        """Relay the body; returns the upstream failure a plain body must abort with."""
+        try:
+            chunks = self.upstream.aiter_raw() if self.raw else self.upstream.aiter_bytes()
+            async for chunk in chunks:
+                out = self.tap.feed(chunk) if self.tap is not None else chunk
+                if out:
+                    if progress.ttfb is None:
+                        progress.ttfb = time.perf_counter() - self.started
+                    await send({"type": "http.response.body", "body": out, "more_body": True})
+                    progress.sent += len(out)
+                    progress.finished = self.tap is not None and self.tap.done
+            tail = self.tap.flush() if self.tap is not None else b""
+            await send({"type": "http.response.body", "body": tail, "more_body": False})
+            progress.finished = True
+        except (httpx.HTTPError, UpstreamTimeout, UpstreamUnavailable) as exc:
+            where = public_url(self.upstream.request.url)
+            if progress.finished:  # the answer is complete; only the upstream's close failed
+                logger.info("upstream %s broke after the final event: %s", where, exc)
+                await _end_body(send)
+                return None
+            progress.outcome = "upstream_error"
+            logger.warning("upstream %s stream broke: %s: %s", where, type(exc).__name__, exc)
+            if not self._sse:
+                return exc
+            await self._send_error(send, exc, where)
+        except OSError:
+            if not progress.finished:
+                progress.outcome = "client_disconnected"
+        return None
+
+    async def _send_error(self, send: Send, exc: Exception, where: str) -> None:
+        error: UpstreamTimeout | UpstreamUnavailable = (
+            UpstreamTimeout(f"upstream {where} timed out during the stream")
+            if isinstance(exc, httpx.TimeoutException)
+            else UpstreamUnavailable(f"upstream {where} stream broke ({type(exc).__name__})")
+        )
+        try:
+            await send(
+                {"type": "http.response.body", "body": error.sse_frame(), "more_body": False}
+            )
+        except OSError:
+            return
+
+
+@dataclass(slots=True)
+class _Progress:
+    """How far a relay got (shared by the byte pump and the disconnect watcher)."""
+
+    outcome: Outcome = "completed"
+    ttfb: float | None = None
+    sent: int = 0
+    finished: bool = False  # the last byte was sent, or the final SSE event reached the client
+
+
+async def _watch_disconnect(
+    receive: Receive, progress: _Progress, scope: anyio.CancelScope
+) -> None:
+    """Stop the relay when the client hangs up; before the end, that is a disconnect."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            if not progress.finished:
+                progress.outcome = "client_disconnected"
+            scope.cancel()
+            return
+
+
+async def _end_body(send: Send) -> None:
+    try:
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+    except OSError:
+        return

@@ -1,0 +1,282 @@
+"""The only outbound HTTP: one pooled client, routing by model, auth, and error translation."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
+from http.cookiejar import Cookie, CookieJar
+from typing import Any, Protocol
+
+import anyio
+import httpx
+import orjson
+
+from app.errors import UpstreamTimeout, UpstreamUnavailable
+from app.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+# RFC 9110 §7.6.1 hop-by-hop headers, plus the ones httpx or the ASGI server sets itself.
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+_REQUEST_DROP = HOP_BY_HOP | {"host", "content-length"}
+_RESPONSE_DROP = HOP_BY_HOP | {"content-length", "date", "server"}
+
+# Idle pooled connections are dropped before the upstream would drop them: uvicorn (vLLM,
+# LiteLLM) and llama.cpp close idle keep-alive connections after 5 s, and reusing one at that
+# instant fails the request (a 502 to the client) though nothing was wrong with it.
+UPSTREAM_KEEPALIVE_EXPIRY = 2.0
+
+
+def public_url(url: str | httpx.URL) -> str:
+    """A URL fit for error messages and logs: scheme, host, port and path; never credentials
+    (`user:pass@`) or the query string."""
+    parsed = httpx.URL(url) if isinstance(url, str) else url
+    host = f"[{parsed.host}]" if ":" in parsed.host else parsed.host  # IPv6 literal
+    port = f":{parsed.port}" if parsed.port is not None else ""
+    return f"{parsed.scheme}://{host}{port}{parsed.path}"
+
+
+class _NoCookieJar(CookieJar):
+    """One pooled client serves every client of the proxy: an upstream's `Set-Cookie` is
+    relayed to the client that got it and never stored, or it would be replayed upstream on
+    everyone else's requests."""
+
+    def extract_cookies(self, response: Any, request: Any) -> None:
+        return None
+
+    def set_cookie(self, cookie: Cookie) -> None:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Where one request goes: base URL (ending before the path after `/v1`) and key."""
+
+    base_url: str
+    api_key: str | None
+
+
+class RouteTable(Protocol):
+    """Chooses the upstream for a model (implemented by the model table)."""
+
+    def route_for(self, model: str) -> Route | None: ...
+
+
+def _connection_tokens(headers: Iterable[tuple[str, str]]) -> set[str]:
+    tokens: set[str] = set()
+    for name, value in headers:
+        if name.lower() == "connection":
+            tokens.update(t.strip().lower() for t in value.split(",") if t.strip())
+    return tokens
+
+
+def filter_request_headers(
+    headers: Iterable[tuple[str, str]], *, api_key: str | None, identity: bool
+) -> list[tuple[str, str]]:
+    """Client headers to send upstream: hop-by-hop and our own controls removed.
+
+    `api_key` replaces the client's Authorization when set; `identity` asks the upstream for an
+    uncompressed body (needed where the proxy reads the answer, e.g. chat usage).
+    """
+    pairs = list(headers)
+    drop = _REQUEST_DROP | _connection_tokens(pairs)
+    out = [
+        (k, v)
+        for k, v in pairs
+        if k.lower() not in drop and not k.lower().startswith("x-compaction-")
+    ]
+    if api_key is not None:
+        out = [(k, v) for k, v in out if k.lower() != "authorization"]
+        out.append(("authorization", f"Bearer {api_key}"))
+    if identity:
+        out = [(k, v) for k, v in out if k.lower() != "accept-encoding"]
+        out.append(("accept-encoding", "identity"))
+    return out
+
+
+def filter_response_headers(headers: httpx.Headers) -> list[tuple[str, str]]:
+    """Upstream response headers to relay to the client (hop-by-hop removed)."""
+    pairs = list(headers.multi_items())
+    drop = _RESPONSE_DROP | _connection_tokens(pairs)
+    return [(k, v) for k, v in pairs if k.lower() not in drop]
+
+
+class Upstream:
+    """Owns the pooled `httpx.AsyncClient`; every outbound request goes through here."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        routes: RouteTable | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self._default = Route(
+            settings.upstream_url,
+            settings.upstream_api_key.get_secret_value() if settings.upstream_api_key else None,
+        )
+        self._routes = routes
+        self._probe_timeout = settings.discovery_timeout
+        self.client = httpx.AsyncClient(
+            transport=transport,
+            timeout=httpx.Timeout(
+                connect=settings.upstream_connect_timeout,
+                read=settings.upstream_read_timeout,
+                write=settings.upstream_read_timeout,
+                pool=settings.upstream_connect_timeout,
+            ),
+            limits=httpx.Limits(
+                max_connections=1000,
+                max_keepalive_connections=200,
+                keepalive_expiry=UPSTREAM_KEEPALIVE_EXPIRY,
+            ),
+            follow_redirects=False,
+            trust_env=False,
+            cookies=_NoCookieJar(),
+        )
+
+    @property
+    def default_route(self) -> Route:
+        return self._default
+
+    def route(self, model: str | None) -> Route:
+        """The upstream for `model`: its `models.toml` entry, else `INFLIGHT_UPSTREAM_URL`."""
+        if model and self._routes is not None:
+            found = self._routes.route_for(model)
+            if found is not None:
+                return Route(found.base_url, found.api_key or self._default.api_key)
+        return self._default
+
+    @staticmethod
+    def url(route: Route, v1_path: str, query: bytes = b"") -> str:
+        """Join the route's base with the part of the client's path after `/v1`."""
+        url = route.base_url + v1_path
+        return f"{url}?{query.decode('latin-1')}" if query else url
+
+    async def send(
+        self,
+        method: str,
+        url: str,
+        headers: list[tuple[str, str]],
+        content: bytes | AsyncIterable[bytes] | None,
+        *,
+        deadline: float | None = None,
+    ) -> httpx.Response:
+        """Send and return the response with its body unread (the caller must close it).
+
+        `deadline` (seconds) replaces the pooled client's timeouts for this request.
+        """
+        request = self.client.build_request(method, url, headers=headers, content=content)
+        if deadline is not None:
+            request.extensions["timeout"] = httpx.Timeout(deadline).as_dict()
+        try:
+            return await self.client.send(request, stream=True)
+        except httpx.TimeoutException as exc:
+            where = public_url(request.url)
+            logger.warning("upstream %s timed out: %s: %s", where, type(exc).__name__, exc)
+            raise UpstreamTimeout(f"upstream {where} timed out ({type(exc).__name__})") from exc
+        except httpx.TransportError as exc:
+            where = public_url(request.url)
+            logger.warning("upstream %s unreachable: %s: %s", where, type(exc).__name__, exc)
+            raise UpstreamUnavailable(
+                f"upstream {where} unreachable ({type(exc).__name__})"
+            ) from exc
+
+    async def fetch_json(self, method: str, url: str, json: Any | None = None) -> Any | None:
+        """A short, never-fatal JSON probe (window discovery, readiness); None on any failure."""
+        headers = {"accept": "application/json"}
+        if self._default.api_key:
+            headers["authorization"] = f"Bearer {self._default.api_key}"
+        try:
+            response = await self.client.request(
+                method, url, json=json, headers=headers, timeout=self._probe_timeout
+            )
+        except httpx.HTTPError as exc:
+            logger.debug("probe %s %s failed: %s", method, url, type(exc).__name__)
+            return None
+        if response.status_code >= 400:
+            return None
+        try:
+            return orjson.loads(response.content)
+        except orjson.JSONDecodeError:
+            return None
+
+    async def reachable(self) -> bool:
+        """True when the default upstream answers HTTP at all (any status)."""
+        try:
+            await self.client.get(self._default.base_url + "/models", timeout=self._probe_timeout)
+        except httpx.HTTPError:
+            return False
+        return True
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+async def read_all(response: httpx.Response) -> bytes:
+    """Read an upstream body fully, translating transport errors; always closes it."""
+    try:
+        return await response.aread()
+    except httpx.TimeoutException as exc:
+        where = public_url(response.request.url)
+        logger.warning("upstream %s timed out while answering: %s", where, type(exc).__name__)
+        raise UpstreamTimeout(f"upstream {where} timed out while sending its answer") from exc
+    except httpx.TransportError as exc:
+        where = public_url(response.request.url)
+        logger.warning("upstream %s broke while answering: %s: %s", where, type(exc).__name__, exc)
+        raise UpstreamUnavailable(
+            f"upstream {where} broke while answering ({type(exc).__name__})"
+        ) from exc
+    finally:
+        await response.aclose()
+
+
+_SUMMARY_HEADERS = frozenset(
+    {"authorization", "api-key", "x-api-key", "openai-organization", "openai-project"}
+)
+
+
+def summary_completer(
+    upstream: Upstream, model: str, client_headers: Mapping[str, str], deadline: float
+) -> Callable[[dict[str, Any]], Awaitable[tuple[int, bytes]]]:
+    """A `Completer` for summary requests: the model's route, the client's credentials (or the
+    configured upstream key), a bounded deadline; transport failures become `SummaryFailed`."""
+    from app.compaction.summary.prompt import SummaryFailed
+
+    route = upstream.route(model)
+    url = upstream.url(route, "/chat/completions")
+    headers = [
+        *filter_request_headers(
+            [(k, v) for k, v in client_headers.items() if k.lower() in _SUMMARY_HEADERS],
+            api_key=route.api_key,
+            identity=True,
+        ),
+        ("content-type", "application/json"),
+    ]
+
+    async def complete(body: dict[str, Any]) -> tuple[int, bytes]:
+        try:
+            with anyio.fail_after(deadline):  # a total deadline, not per read
+                response = await upstream.send(
+                    "POST", url, headers, orjson.dumps(body), deadline=deadline
+                )
+                return response.status_code, await read_all(response)
+        except TimeoutError as exc:
+            raise SummaryFailed(f"summariser took longer than {deadline:g}s") from exc
+        except (UpstreamTimeout, UpstreamUnavailable) as exc:
+            raise SummaryFailed(exc.message) from exc
+
+    return complete

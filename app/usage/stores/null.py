@@ -1,0 +1,32 @@
+"""`INFLIGHT_DATABASE_URL=none`: usage is not stored (metrics still count it)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from app.pricing.report import add_costs
+from app.usage.records import UsageRecord
+from app.usage.stores.sql import activity, summarize
+
+
+class NullStore:
+    """Discards records; `/stats` then shows zero totals."""
+
+    async def open(self) -> None:
+        return None
+
+    async def write_many(self, records: Sequence[UsageRecord]) -> None:
+        return None
+
+    async def totals(self) -> dict[str, Any]:
+        return add_costs(summarize([], [], []), [])
+
+    async def activity(self, since: float, bucket: int, recent: int) -> dict[str, Any]:
+        return activity([], [])
+
+    async def ping(self) -> bool:
+        return True
+
+    async def close(self) -> None:
+        return None

@@ -1,0 +1,285 @@
+"""The usage table and its queries, shared by the SQLite and PostgreSQL stores.
+
+Schema versions: 1 had no `route`; 2 adds `route` (the client's route: `/v1/chat/completions`
+for chat records, `/v1/<api>` for passthrough records, empty for summary calls); 3 adds
+`cache_write_tokens`, `cost` and `baseline_cost` (USD, DESIGN.md §9; NULL: unpriced model).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from app.usage.records import UsageRecord
+
+SCHEMA_VERSION = 3
+
+COLUMNS = (
+    "ts", "request_id", "kind", "model", "client_key_id", "stream", "status", "outcome",
+    "latency_ms", "ttfb_ms", "prompt_tokens", "completion_tokens", "cached_tokens",
+    "tokens_before", "tokens_after", "strategies", "context_limit", "route",
+    "cache_write_tokens", "cost", "baseline_cost",
+)  # fmt: skip
+
+CREATE = [
+    """CREATE TABLE IF NOT EXISTS inflight_schema (version INTEGER NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS inflight_usage (
+        ts DOUBLE PRECISION NOT NULL,
+        request_id TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        model TEXT NOT NULL,
+        client_key_id TEXT,
+        stream INTEGER NOT NULL,
+        status INTEGER NOT NULL,
+        outcome TEXT NOT NULL,
+        latency_ms DOUBLE PRECISION NOT NULL,
+        ttfb_ms DOUBLE PRECISION,
+        prompt_tokens BIGINT,
+        completion_tokens BIGINT,
+        cached_tokens BIGINT,
+        tokens_before BIGINT NOT NULL,
+        tokens_after BIGINT NOT NULL,
+        strategies TEXT NOT NULL,
+        context_limit BIGINT,
+        route TEXT,
+        cache_write_tokens BIGINT,
+        cost DOUBLE PRECISION,
+        baseline_cost DOUBLE PRECISION
+    )""",
+    "CREATE INDEX IF NOT EXISTS inflight_usage_ts ON inflight_usage (ts)",
+    "CREATE INDEX IF NOT EXISTS inflight_usage_model ON inflight_usage (model)",
+]
+
+
+# Statements that bring a table of schema version N-1 to version N (run in order, in one
+# transaction, by the one process that holds the store's migration lock).
+MIGRATIONS: dict[int, list[str]] = {
+    2: ["ALTER TABLE inflight_usage ADD COLUMN route TEXT"],
+    3: [
+        "ALTER TABLE inflight_usage ADD COLUMN cache_write_tokens BIGINT",
+        "ALTER TABLE inflight_usage ADD COLUMN cost DOUBLE PRECISION",
+        "ALTER TABLE inflight_usage ADD COLUMN baseline_cost DOUBLE PRECISION",
+    ],
+}
+
+
+def migrations_from(version: int) -> list[str]:
+    """The statements that bring a table at `version` to `SCHEMA_VERSION` (the version row's
+    update included)."""
+    statements = [sql for v in sorted(MIGRATIONS) if v > version for sql in MIGRATIONS[v]]
+    if version < SCHEMA_VERSION:
+        statements.append(f"UPDATE inflight_schema SET version = {SCHEMA_VERSION}")
+    return statements
+
+
+def insert_sql(placeholder: str) -> str:
+    values = ", ".join([placeholder] * len(COLUMNS))
+    return f"INSERT INTO inflight_usage ({', '.join(COLUMNS)}) VALUES ({values})"
+
+
+def rows(records: Sequence[UsageRecord]) -> list[tuple[Any, ...]]:
+    return [
+        (
+            r.ts,
+            r.request_id,
+            r.kind,
+            r.model,
+            r.client_key_id,
+            int(r.stream),
+            r.status,
+            r.outcome,
+            r.latency_ms,
+            r.ttfb_ms,
+            r.prompt_tokens,
+            r.completion_tokens,
+            r.cached_tokens,
+            r.tokens_before,
+            r.tokens_after,
+            ",".join(r.strategies),
+            r.context_limit,
+            r.route,
+            r.cache_write_tokens,
+            r.cost,
+            r.baseline_cost,
+        )
+        for r in records
+    ]
+
+
+TOTALS = """
+SELECT model, kind, status, outcome, COALESCE(route, ''), COUNT(*),
+       COALESCE(SUM(prompt_tokens), 0), COALESCE(SUM(completion_tokens), 0),
+       COALESCE(SUM(cached_tokens), 0), COALESCE(SUM(tokens_before - tokens_after), 0),
+       COALESCE(SUM(tokens_before), 0)
+FROM inflight_usage GROUP BY model, kind, status, outcome, COALESCE(route, '')
+"""
+STRATEGIES = """
+SELECT strategies, COUNT(*) FROM inflight_usage WHERE kind = 'chat' AND strategies <> ''
+GROUP BY strategies
+"""
+# Only requests the upstream accepted: a rejected giant prompt says nothing about the window
+# that the requests which went through use.
+RECENT = """
+SELECT model, tokens_after, context_limit FROM inflight_usage
+WHERE kind = 'chat' AND context_limit IS NOT NULL AND status >= 200 AND status < 300
+ORDER BY ts DESC LIMIT 200
+"""
+
+# Dollars by model and kind (DESIGN.md §9): USD, USD, requests with no price.
+COSTS = """
+SELECT model, kind, COALESCE(SUM(cost), 0), COALESCE(SUM(baseline_cost), 0),
+       SUM(CASE WHEN cost IS NULL THEN 1 ELSE 0 END)
+FROM inflight_usage WHERE kind <> 'passthrough' GROUP BY model, kind
+"""
+RECENT_REQUESTS = """
+SELECT ts, model, tokens_before, tokens_after, strategies, latency_ms, status, outcome, stream,
+       prompt_tokens, completion_tokens, cached_tokens, cost, baseline_cost
+FROM inflight_usage WHERE kind = 'chat' ORDER BY ts DESC LIMIT {placeholder}
+"""
+
+
+def series_sql(placeholder: str, bucket_start: str) -> str:
+    """Usage per time bucket from a start time; `bucket_start` is the dialect's expression of a
+    record's bucket (parameters: bucket, bucket, since)."""
+    return f"""
+SELECT {bucket_start} AS bucket, kind, COUNT(*), COALESCE(SUM(prompt_tokens), 0),
+       COALESCE(SUM(completion_tokens), 0), COALESCE(SUM(cached_tokens), 0),
+       COALESCE(SUM(CASE WHEN outcome = 'rejected' THEN 0
+                         ELSE tokens_before - tokens_after END), 0),
+       COALESCE(SUM(cost), 0), COALESCE(SUM(baseline_cost), 0)
+FROM inflight_usage WHERE ts >= {placeholder} AND kind <> 'passthrough'
+GROUP BY bucket, kind ORDER BY bucket
+"""
+
+
+def activity(series: Iterable[Sequence[Any]], recent: Iterable[Sequence[Any]]) -> dict[str, Any]:
+    """The JSON shape of `/stats/timeseries` from `series_sql` and `RECENT_REQUESTS` rows."""
+    buckets: dict[int, dict[str, Any]] = {}
+    for start, kind, n, p, c, cached, saved, cost, baseline in series:
+        b = buckets.setdefault(int(start), {"ts": int(start), "requests": 0, "summary_calls": 0,
+            "tokens_in": 0, "tokens_out": 0, "tokens_cached": 0, "tokens_saved": 0,
+            "cost_actual": 0.0, "cost_baseline": 0.0})  # fmt: skip
+        b["summary_calls" if kind == "summary" else "requests"] += n
+        if kind != "summary":
+            b["tokens_saved"] += int(saved)
+        b["tokens_in"] += int(p)
+        b["tokens_out"] += int(c)
+        b["tokens_cached"] += int(cached)
+        b["cost_actual"] += float(cost)
+        b["cost_baseline"] += float(baseline)
+    names = ("ts", "model", "tokens_before", "tokens_after", "strategies", "latency_ms",
+             "status", "outcome", "stream", "prompt_tokens", "completion_tokens",
+             "cached_tokens", "cost", "baseline_cost")  # fmt: skip
+    rows = [dict(zip(names, row, strict=True)) for row in recent]
+    for row in rows:
+        row["strategies"] = [s for s in str(row["strategies"]).split(",") if s]
+        row["stream"] = bool(row["stream"])
+    return {"series": [buckets[k] for k in sorted(buckets)], "recent": rows}
+
+
+def _model_entry() -> dict[str, Any]:
+    return {
+        "requests": 0,
+        "tokens_in": 0,
+        "tokens_out": 0,
+        "tokens_saved": 0,
+        "tokens_estimated_before": 0,
+        "summary_calls": 0,
+        "summary_tokens": 0,
+    }
+
+
+def _passthrough_entry() -> dict[str, Any]:
+    return {"requests": 0, "by_status": {}, "by_outcome": {}, "routes": {}}
+
+
+def _bump(counts: dict[str, int], key: str, n: int) -> None:
+    counts[key] = counts.get(key, 0) + n
+
+
+def _saved_share(saved: int, before: int) -> float:
+    """Tokens removed by compaction over the tokens there were before it, both the proxy's own
+    estimate (never the upstream's real count on one side and an estimate on the other)."""
+    return round(saved / before, 4) if before > 0 else 0.0
+
+
+def _add_chat(totals: dict[str, Any], entry: dict[str, Any] | None, row: Sequence[Any]) -> None:
+    _model, _kind, status, outcome, _route, n, _p, _c, _cached, saved, before = row
+    totals["requests"] += n
+    _bump(totals["by_status"], str(status), n)
+    _bump(totals["by_outcome"], outcome, n)
+    if entry is not None:
+        entry["requests"] += n
+    if outcome == "rejected":  # never forwarded: nothing was saved on its way upstream
+        return
+    for target in (totals, entry):
+        if target is not None:
+            target["tokens_saved"] += int(saved)
+            target["tokens_estimated_before"] += int(before)
+
+
+def summarize(
+    groups: Iterable[Sequence[Any]],
+    strategies: Iterable[Sequence[Any]],
+    recent: Iterable[Sequence[Any]],
+) -> dict[str, Any]:
+    """The JSON shape of `/stats` (and `inflight stats`) from the three queries above."""
+    totals: dict[str, Any] = {"requests": 0, "summary_calls": 0, "tokens_in": 0,
+        "tokens_out": 0, "tokens_cached": 0, "tokens_saved": 0, "tokens_estimated_before": 0,
+        "by_status": {}, "by_outcome": {}}  # fmt: skip
+    models: dict[str, dict[str, Any]] = {}
+    passthrough = _passthrough_entry()
+    for row in groups:
+        model, kind, status, outcome, route, n, p, c, cached = row[:9]
+        if kind == "passthrough":
+            passthrough["requests"] += n
+            _bump(passthrough["by_status"], str(status), n)
+            _bump(passthrough["by_outcome"], outcome, n)
+            _bump(passthrough["routes"], route, n)
+            continue
+        # A request refused before its body was read has no model: counted, but under no model.
+        entry = models.setdefault(model, _model_entry()) if model else None
+        if kind == "summary":
+            totals["summary_calls"] += n
+            if entry is not None:
+                entry["summary_calls"] += n
+                entry["summary_tokens"] += int(p) + int(c)
+        else:
+            _add_chat(totals, entry, row)
+        totals["tokens_in"] += int(p)
+        totals["tokens_out"] += int(c)
+        totals["tokens_cached"] += int(cached)
+        if entry is not None:
+            entry["tokens_in"] += int(p)
+            entry["tokens_out"] += int(c)
+    for target in (totals, *models.values()):
+        target["saved_share"] = _saved_share(
+            target["tokens_saved"], target["tokens_estimated_before"]
+        )
+    _add_window_shares(models, recent)
+    return {
+        **totals,
+        "compactions": _compactions(strategies),
+        "models": models,
+        "passthrough": passthrough,
+    }
+
+
+def _compactions(strategies: Iterable[Sequence[Any]]) -> dict[str, int]:
+    compactions: dict[str, int] = {}
+    for names, n in strategies:
+        for name in str(names).split(","):
+            _bump(compactions, name, n)
+    return compactions
+
+
+def _add_window_shares(models: dict[str, dict[str, Any]], recent: Iterable[Sequence[Any]]) -> None:
+    """`recent_window_share`: the mean share of its window a model's recent accepted requests
+    used after compaction (by the proxy's estimate, so it may exceed 1 when that is high)."""
+    shares: dict[str, list[float]] = {}
+    for model, after, limit in recent:
+        if limit:
+            shares.setdefault(model, []).append(after / limit)
+    for model, values in shares.items():
+        if model in models:
+            models[model]["recent_window_share"] = round(sum(values) / len(values), 4)

@@ -1,0 +1,126 @@
+"""How summary calls end, counted by reason, and the requests that fell back to `trim` because of
+them (shown in `/stats` under `summaries` and in `/metrics`).
+
+Every summary call goes through a `CountedCompleter` (built per request by the app's completer
+factory), which sees how the call ended without reading any error text: the exception's cause
+(`TimeoutError`/`UpstreamTimeout`: `timeout`, `UpstreamUnavailable`: `unreachable`), the status
+(`http_<status>`), or a cancellation (`cancelled`: the request's summary deadline passed, the
+client left, or the proxy shut down). When a request falls back, `fell_back` names why from
+what this request's own calls did:
+
+- `deadline`: the request's summary deadline (`SUMMARY_TIMEOUT`) passed;
+- the reason of the request's last failed call (`timeout`, `unreachable`, `http_<status>`);
+- `invalid_answer`: the summariser answered 2xx but with no usable summary (not a completion,
+  empty, too long) — also counted as a failed call;
+- `not_attempted`: this request made no call (the span failed recently and is backed off, or
+  another request's call for the same span failed).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from app.compaction.summary.prompt import Completer, SummaryFailed
+from app.errors import UpstreamTimeout, UpstreamUnavailable
+
+
+@dataclass(slots=True)
+class SummaryStats:
+    """Counts since this process started (each replica counts its own)."""
+
+    calls: int = 0
+    failures: dict[str, int] = field(default_factory=dict)  # failed calls, by reason
+    fallbacks: dict[str, int] = field(default_factory=dict)  # requests that fell back, by reason
+    since: float = field(default_factory=time.time)
+
+    def failed(self, reason: str) -> None:
+        self.failures[reason] = self.failures.get(reason, 0) + 1
+
+    def fell_back(self, reason: str) -> None:
+        self.fallbacks[reason] = self.fallbacks.get(reason, 0) + 1
+
+    def snapshot(self) -> dict[str, Any]:
+        """The `summaries` object of `/stats`."""
+        return {
+            "calls": self.calls,
+            "failed_calls": sum(self.failures.values()),
+            "timeouts": self.failures.get("timeout", 0) + self.fallbacks.get("deadline", 0),
+            "failures": dict(self.failures),
+            "fallbacks": dict(self.fallbacks),
+            "since": round(self.since, 3),
+        }
+
+
+def _failure_of(exc: BaseException) -> str:
+    cause = exc.__cause__
+    if isinstance(cause, TimeoutError | UpstreamTimeout):
+        return "timeout"
+    if isinstance(cause, UpstreamUnavailable):
+        return "unreachable"
+    return "failed"
+
+
+class CountedCompleter:
+    """A `Completer` that counts each call and how it ended, and remembers this request's last
+    call so a fallback can say why it happened."""
+
+    def __init__(self, complete: Completer, stats: SummaryStats) -> None:
+        self._complete = complete
+        self._stats = stats
+        self.calls = 0
+        self.last_failure: str | None = None
+
+    async def __call__(self, body: dict[str, Any]) -> tuple[int, bytes]:
+        self.calls += 1
+        self._stats.calls += 1
+        try:
+            status, content = await self._complete(body)
+        except anyio.get_cancelled_exc_class():
+            self._failed("cancelled")
+            raise
+        except SummaryFailed as exc:
+            self._failed(_failure_of(exc))
+            raise
+        self.last_failure = f"http_{status}" if status >= 400 else None
+        if self.last_failure is not None:
+            self._stats.failed(self.last_failure)
+        return status, content
+
+    def _failed(self, reason: str) -> None:
+        self.last_failure = reason
+        self._stats.failed(reason)
+
+    def fell_back(self, exc: BaseException) -> str:
+        """Count one request's fallback to `trim` after `exc`; returns the reason."""
+        if isinstance(exc, TimeoutError):
+            reason = "deadline"
+        elif self.last_failure is not None and self.last_failure != "cancelled":
+            reason = self.last_failure
+        elif self.calls:
+            reason = "invalid_answer"  # the last call answered 2xx, but not with a summary
+            self._stats.failed(reason)
+        else:
+            reason = "not_attempted"
+        self._stats.fell_back(reason)
+        return reason
+
+
+def count_fallback(complete: Completer, exc: BaseException) -> str | None:
+    """`fell_back` for a request's completer when it is counted (the app's always is)."""
+    return complete.fell_back(exc) if isinstance(complete, CountedCompleter) else None
+
+
+def summary_outcome(applied: Sequence[str], calls: int, fallback: str | None) -> dict[str, Any]:
+    """What one request's summary was, for the preview report: `made` (by `calls` upstream
+    calls), `cached` (reused: no call was needed), `fallback` (the summary failed; `why` says
+    how, and `trim` stood in), or `none` (the request needed no summary)."""
+    if fallback is not None:
+        return {"status": "fallback", "calls": calls, "why": fallback}
+    if "summarize" not in applied:
+        return {"status": "none", "calls": calls}
+    return {"status": "made" if calls else "cached", "calls": calls}

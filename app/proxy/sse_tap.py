@@ -1,7 +1,9 @@
 """Incremental SSE reader for relayed streams: reads usage, the final event and errors.
 
 It sees the upstream's bytes chunk by chunk and holds at most one partial line. Only lines that
-can carry usage or an error are parsed; everything else passes through untouched. When the proxy
+can carry usage or an error are parsed (chat's usage chunk; the response object of a Responses
+`response.completed` or `response.failed`, or its `error` event); everything else passes
+through untouched. When the proxy
 itself asked the upstream for usage (the client did not), the usage-only chunk is cut out of what
 the client sees. The final event is chat's `data: [DONE]`, or the data line of a Responses
 (`response.completed`, `response.failed`, `response.incomplete`) or Anthropic (`message_stop`)
@@ -28,11 +30,24 @@ class Usage:
     def from_json(cls, usage: Any) -> Usage | None:
         if not isinstance(usage, dict):
             return None
+        if "prompt_tokens" not in usage and "input_tokens" in usage:
+            return cls.from_responses(usage)
         details = usage.get("prompt_tokens_details")
         cached = details.get("cached_tokens") if isinstance(details, dict) else None
         return cls(
             _int_or_none(usage.get("prompt_tokens")),
             _int_or_none(usage.get("completion_tokens")),
+            _int_or_none(cached),
+        )
+
+    @classmethod
+    def from_responses(cls, usage: dict[str, Any]) -> Usage:
+        """OpenAI Responses API usage: `input_tokens` (cached ones included), `output_tokens`."""
+        details = usage.get("input_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        return cls(
+            _int_or_none(usage.get("input_tokens")),
+            _int_or_none(usage.get("output_tokens")),
             _int_or_none(cached),
         )
 
@@ -108,11 +123,17 @@ class SSETap:
             return False
         if not isinstance(event, dict):
             return False
-        if event.get("error"):
-            self.error = event["error"]
-        usage = Usage.from_json(event.get("usage"))
+        # A Responses event carries the response object (usage in `response.completed`, the
+        # error in `response.failed`), or is itself an `error` event.
+        response = event.get("response")
+        inner = response if isinstance(response, dict) else event
+        if inner.get("error"):
+            self.error = inner["error"]
+        elif event.get("type") == "error":
+            self.error = event
+        usage = Usage.from_json(inner.get("usage"))
         if usage is None:
             return False
         self.usage = usage
         choices = event.get("choices")
-        return not choices
+        return not choices and "type" not in event  # a chat usage-only chunk (never an event)

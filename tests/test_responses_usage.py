@@ -1,0 +1,95 @@
+"""Usage and errors of the Responses API as the proxy reads them: the JSON body's `usage`, the
+stream's `response.completed`, and its `error` / `response.failed` events."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from app.proxy.chat import usage_from_json
+from app.proxy.sse_tap import SSETap, Usage
+
+RESPONSES_USAGE = {
+    "input_tokens": 1200,
+    "input_tokens_details": {"cached_tokens": 1024},
+    "output_tokens": 7,
+    "output_tokens_details": {"reasoning_tokens": 0},
+    "total_tokens": 1207,
+}
+
+
+def event(kind: str, **fields: Any) -> bytes:
+    data = orjson.dumps({"type": kind, "sequence_number": 0, **fields})
+    return b"event: " + kind.encode() + b"\ndata: " + data + b"\n\n"
+
+
+def stream(completed: dict[str, Any] | None = None) -> bytes:
+    response = {"id": "resp_1", "object": "response", "status": "in_progress", "usage": None}
+    done = {**response, "status": "completed", "usage": RESPONSES_USAGE, **(completed or {})}
+    return b"".join(
+        [
+            event("response.created", response=response),
+            event("response.output_text.delta", item_id="m", delta='say "usage"'),
+            event("response.completed", response=done),
+        ]
+    )
+
+
+def test_usage_from_a_responses_json_body() -> None:
+    body = orjson.dumps({"id": "resp_1", "object": "response", "usage": RESPONSES_USAGE})
+    assert usage_from_json(body) == Usage(1200, 7, 1024)
+
+
+def test_chat_usage_still_wins_when_both_spellings_are_there() -> None:
+    usage = {"prompt_tokens": 10, "completion_tokens": 2, "input_tokens": 99}
+    assert Usage.from_json(usage) == Usage(10, 2, None)
+
+
+@given(cuts=st.lists(st.integers(1, 400), max_size=8))
+def test_usage_from_response_completed_however_the_stream_is_cut(cuts: list[int]) -> None:
+    data = stream()
+    for strip in (False, True):  # nothing of a Responses stream is ever cut out
+        tap = SSETap(strip_usage_chunk=strip)
+        out = b""
+        start = 0
+        for cut in sorted(c % (len(data) + 1) for c in cuts):
+            out += tap.feed(data[start:cut]) if cut > start else b""
+            start = max(start, cut)
+        out += tap.feed(data[start:]) + tap.flush()
+        assert out == data
+        assert tap.usage == Usage(1200, 7, 1024)
+        assert tap.done
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        event("error", code="context_length_exceeded", message="Your input exceeds the context"),
+        event(
+            "error",
+            error={
+                "type": "invalid_request_error",
+                "code": "context_length_exceeded",
+                "message": "Your input exceeds the context window of this model.",
+            },
+        ),
+        event(
+            "response.failed",
+            response={
+                "id": "r",
+                "status": "failed",
+                "usage": None,
+                "error": {"code": "server_error", "message": "boom"},
+            },
+        ),
+    ],
+)
+def test_error_events_are_seen(frame: bytes) -> None:
+    tap = SSETap()
+    assert tap.feed(frame) == frame
+    assert tap.error is not None
+    assert tap.usage is None

@@ -93,3 +93,25 @@ def test_error_events_are_seen(frame: bytes) -> None:
     assert tap.feed(frame) == frame
     assert tap.error is not None
     assert tap.usage is None
+
+
+def test_stats_count_each_compacting_api_apart() -> None:
+    """`/stats` `apis` (DESIGN.md §2): requests and tokens per API, by the record's route."""
+    from app.usage.stores.sql import summarize
+
+    groups = [
+        # model, kind, status, outcome, route, n, prompt, completion, cached, saved, before
+        ("gpt-4.1", "chat", 200, "completed", "/v1/chat/completions", 3, 300, 30, 100, 0, 300),
+        ("gpt-4.1", "chat", 200, "completed", "/v1/responses", 2, 1200, 14, 1024, 50, 1250),
+        ("gpt-4.1", "chat", 400, "rejected", "/v1/responses", 1, 0, 0, 0, 0, 0),
+        ("", "chat", 401, "rejected", "", 1, 0, 0, 0, 0, 0),  # before routes were recorded
+        ("gpt-4.1", "summary", 200, "completed", "", 1, 500, 60, 0, 0, 0),
+        ("", "passthrough", 200, "completed", "/v1/models", 4, 0, 0, 0, 0, 0),
+    ]
+    stats = summarize(groups, [], [])
+    assert stats["apis"] == {
+        "chat": {"requests": 4, "tokens_in": 300, "tokens_out": 30, "tokens_cached": 100},
+        "responses": {"requests": 3, "tokens_in": 1200, "tokens_out": 14, "tokens_cached": 1024},
+        "messages": {"requests": 0, "tokens_in": 0, "tokens_out": 0, "tokens_cached": 0},
+    }
+    assert stats["requests"] == 7

@@ -189,6 +189,28 @@ def _model_entry() -> dict[str, Any]:
     }
 
 
+# The compacting routes, each counted apart in `apis` (records from before routes were
+# recorded were all chat completions).
+API_ROUTES = {
+    "/v1/chat/completions": "chat",
+    "/v1/responses": "responses",
+    "/v1/messages": "messages",
+}
+
+
+def _api_entry() -> dict[str, int]:
+    return {"requests": 0, "tokens_in": 0, "tokens_out": 0, "tokens_cached": 0}
+
+
+def _add_api(apis: dict[str, dict[str, int]], row: Sequence[Any]) -> None:
+    route, n, p, c, cached = row[4:9]
+    api = apis[API_ROUTES.get(route, "chat")]
+    api["requests"] += n
+    api["tokens_in"] += int(p)
+    api["tokens_out"] += int(c)
+    api["tokens_cached"] += int(cached)
+
+
 def _passthrough_entry() -> dict[str, Any]:
     return {"requests": 0, "by_status": {}, "by_outcome": {}, "routes": {}}
 
@@ -229,6 +251,7 @@ def summarize(
         "by_status": {}, "by_outcome": {}}  # fmt: skip
     models: dict[str, dict[str, Any]] = {}
     passthrough = _passthrough_entry()
+    apis = {name: _api_entry() for name in ("chat", "responses", "messages")}
     for row in groups:
         model, kind, status, outcome, route, n, p, c, cached = row[:9]
         if kind == "passthrough":
@@ -246,6 +269,7 @@ def summarize(
                 entry["summary_tokens"] += int(p) + int(c)
         else:
             _add_chat(totals, entry, row)
+            _add_api(apis, row)
         totals["tokens_in"] += int(p)
         totals["tokens_out"] += int(c)
         totals["tokens_cached"] += int(cached)
@@ -261,6 +285,7 @@ def summarize(
         **totals,
         "compactions": _compactions(strategies),
         "models": models,
+        "apis": apis,
         "passthrough": passthrough,
     }
 

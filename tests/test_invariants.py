@@ -312,3 +312,32 @@ def test_summarize_with_a_summary_on_real_transcripts(window: int) -> None:
         for k in [*request_points(messages)[::7], len(messages)]:
             check_summarized(messages[:k], window)
         check_cache_stability(messages, SUMMARIZE, window, lambda m, _, w: summarized(m, w))
+
+
+
+@ONE_REQUEST
+@given(
+    messages=conversations(),
+    pipeline=st.sampled_from([("trim",), ("truncate", "prune", "summarize"), ("middle-out",)]),
+    window=WINDOWS,
+)
+def test_sources_name_the_input_message_of_every_output_message(
+    messages: list[dict[str, Any]], pipeline: tuple[StrategyName, ...], window: int
+) -> None:
+    """`CompactionResult.sources` is what wire-format adapters render back from: an untouched
+    output message is its source object, a changed one keeps its source's role, and only a
+    summary inserted as a message of its own has none."""
+    budget = budget_for(window)
+    summary = "Goal: the user's task. Facts: 18C in Paris." if "summarize" in pipeline else None
+    result = compact(messages, pipeline, budget, simple_count, 0, summary=summary,
+                     summary_tokens=summary_budget(budget.goal))  # fmt: skip
+    assert len(result.sources) == len(result.messages)
+    indices = [i for i in result.sources if i is not None]
+    assert indices == sorted(set(indices))
+    assert result.sources.count(None) <= 1
+    for out, source in zip(result.messages, result.sources, strict=True):
+        if source is None:
+            assert summary is not None
+            assert out["content"].endswith(summary)
+        else:
+            assert out is messages[source] or out.get("role") == messages[source].get("role")

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from app.compaction.planner import MessageCounter, Plan, plan, render
+from app.compaction.planner import MessageCounter, Plan, kept_sources, plan, render
 from app.compaction.policy import Budget, StrategyName
 
 SUMMARY_PREFIX = "[Summary of the earlier conversation, written by inflight to fit the context]\n\n"
@@ -28,6 +28,9 @@ class CompactionResult:
     messages_after: int
     over_budget: bool
     plan: Plan
+    # per output message, the index of the input message it came from (the same object when
+    # untouched, else a transformed copy); None for a summary inserted as a message of its own
+    sources: tuple[int | None, ...]
 
 
 def _parts(content: Any) -> list[Any]:
@@ -53,8 +56,10 @@ def with_summary(
     messages: Sequence[Mapping[str, Any]],
     text: str,
     count: MessageCounter,
+    sources: list[int | None] | None = None,
 ) -> int:
-    """Put the summary in `out` (rendered from `plan`); returns the tokens it adds."""
+    """Put the summary in `out` (rendered from `plan`, with its `sources` kept in step);
+    returns the tokens it adds."""
     head_end = plan.units[plan.head - 1].end if plan.head else 0
     message = summary_message(plan, messages, text)
     if plan.summary_role == "fold":
@@ -62,6 +67,8 @@ def with_summary(
         out[head_end - 1] = message
         return count(message) - count(host)
     out.insert(head_end, message)
+    if sources is not None:
+        sources.insert(head_end, None)
     return count(message)
 
 
@@ -105,11 +112,14 @@ def compact(
             len(messages),
             the_plan.tokens_before > budget.budget,
             the_plan,
+            tuple(range(len(messages))),
         )
     out = render(messages, the_plan)
+    sources = kept_sources(the_plan)
     after = the_plan.tokens_after
     if the_plan.summarize and summary is not None:
-        after = after - summary_tokens + with_summary(out, the_plan, messages, summary, count)
+        added = with_summary(out, the_plan, messages, summary, count, sources)
+        after = after - summary_tokens + added
     return CompactionResult(
         out,
         _applied(the_plan, pipeline),
@@ -119,4 +129,5 @@ def compact(
         len(out),
         after > budget.budget,
         the_plan,
+        tuple(sources),
     )

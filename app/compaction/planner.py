@@ -416,3 +416,13 @@ def render(messages: Sequence[Mapping[str, Any]], plan: Plan) -> list[Mapping[st
         if plan.kept(i):
             out.extend(_shown(messages, plan, i))
     return out
+
+
+def kept_sources(plan: Plan) -> list[int | None]:
+    """For each message `render` returns, the index of the input message it stands for
+    (transforms keep a unit's messages one to one)."""
+    out: list[int | None] = []
+    for i, unit in enumerate(plan.units):
+        if plan.kept(i):
+            out.extend(range(unit.start, unit.end))
+    return out

@@ -365,7 +365,10 @@ def as_received(messages: list[Any]) -> CompactionResult:
         tokens_after=0,
         strict=False,
     )
-    return CompactionResult(messages, (), 0, 0, len(messages), len(messages), False, nothing)
+    return CompactionResult(
+        messages, (), 0, 0, len(messages), len(messages), False, nothing,
+        tuple(range(len(messages))),
+    )
 
 
 def preview_report(preview: Preview) -> dict[str, Any]:

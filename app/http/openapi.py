@@ -68,7 +68,11 @@ COMPACTION: JSONSchema = {
         "strategy": {
             "oneOf": [
                 {"type": "string", "pattern": STRATEGY_PATTERN},
-                {"type": "array", "minItems": 1, "items": {"type": "string", "enum": list(STRATEGIES)}},
+                {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {"type": "string", "enum": list(STRATEGIES)},
+                },
                 {"type": "null"},
             ]
         },

@@ -188,7 +188,7 @@ def load_encodings(cache_dir: Path | None = None, *, allow_seed: bool = True) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m app.tokens.encodings --cache-dir DIR`: seed DIR offline; 1 if anything is missing."""
+    """`python -m app.tokens.encodings --cache-dir DIR`: seed DIR offline; 1 if any is missing."""
     parser = argparse.ArgumentParser(
         prog="python -m app.tokens.encodings", description="Seed a tiktoken cache dir offline."
     )

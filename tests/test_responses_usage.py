@@ -115,3 +115,30 @@ def test_stats_count_each_compacting_api_apart() -> None:
         "messages": {"requests": 0, "tokens_in": 0, "tokens_out": 0, "tokens_cached": 0},
     }
     assert stats["requests"] == 7
+
+
+def test_metrics_count_each_compacting_api_apart() -> None:
+    from app.usage.metrics import Metrics
+    from app.usage.records import UsageRecord
+
+    def record(route: str | None, status: int = 200, kind: Any = "chat") -> UsageRecord:
+        return UsageRecord(
+            ts=0.0, request_id="r", kind=kind, model="gpt-4.1", client_key_id=None, stream=True,
+            status=status, outcome="completed", latency_ms=1.0, ttfb_ms=None, prompt_tokens=10,
+            completion_tokens=1, cached_tokens=0, tokens_before=10, tokens_after=10,
+            strategies=(), context_limit=None, route=route,
+        )  # fmt: skip
+
+    metrics = Metrics(lambda: 0, dict)
+    metrics.observe(record("/v1/responses"))
+    metrics.observe(record("/v1/responses", status=400))
+    metrics.observe(record("/v1/chat/completions"))
+    metrics.observe(record(None))
+    metrics.observe(record("/v1/responses", kind="passthrough"))
+    text = metrics.render().decode()
+    for series in (
+        'inflight_api_requests_total{api="responses",status="200"} 1.0',
+        'inflight_api_requests_total{api="responses",status="400"} 1.0',
+        'inflight_api_requests_total{api="chat",status="200"} 2.0',
+    ):
+        assert series in text, series

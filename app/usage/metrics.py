@@ -15,7 +15,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from app.usage.records import UsageRecord
+from app.usage.records import UsageRecord, api_of
 from app.usage.summary_stats import SummaryStats
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -91,6 +91,10 @@ class Metrics:
         self.upstream_errors = Counter(
             "inflight_upstream_errors", "Upstream errors and broken streams", ["status"], registry=r
         )
+        self.apis = Counter(
+            "inflight_api_requests", "Requests answered on each compacting route, by API",
+            ["api", "status"], registry=r,
+        )  # fmt: skip
         self.passthrough = Counter(
             "inflight_passthrough_requests", "Requests relayed by passthrough routes, by API",
             ["route", "status"], registry=r,
@@ -124,6 +128,7 @@ class Metrics:
             self._tokens(record)
             return
         self.requests.labels(record.model, str(record.status), str(record.stream).lower()).inc()
+        self.apis.labels(api_of(record.route), str(record.status)).inc()
         self.latency.labels(record.model).observe(record.latency_ms / 1000)
         if record.ttfb_ms is not None:
             self.ttfb.labels(record.model).observe(record.ttfb_ms / 1000)

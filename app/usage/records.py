@@ -20,6 +20,19 @@ logger = logging.getLogger(__name__)
 
 Outcome = Literal["completed", "client_disconnected", "upstream_error", "rejected"]
 Kind = Literal["chat", "summary", "passthrough"]
+# The compacting routes (a `chat` record's route says which API it spoke); records from before
+# routes were recorded were all chat completions.
+API_ROUTES = {
+    "/v1/chat/completions": "chat",
+    "/v1/responses": "responses",
+    "/v1/messages": "messages",
+}
+APIS = tuple(API_ROUTES.values())
+
+
+def api_of(route: str | None) -> str:
+    """`chat`, `responses` or `messages`: the API a client request on a compacting route spoke."""
+    return API_ROUTES.get(route or "", "chat")
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from app.usage.records import UsageRecord
+from app.usage.records import APIS, UsageRecord, api_of
 
 SCHEMA_VERSION = 3
 
@@ -189,22 +189,13 @@ def _model_entry() -> dict[str, Any]:
     }
 
 
-# The compacting routes, each counted apart in `apis` (records from before routes were
-# recorded were all chat completions).
-API_ROUTES = {
-    "/v1/chat/completions": "chat",
-    "/v1/responses": "responses",
-    "/v1/messages": "messages",
-}
-
-
 def _api_entry() -> dict[str, int]:
     return {"requests": 0, "tokens_in": 0, "tokens_out": 0, "tokens_cached": 0}
 
 
 def _add_api(apis: dict[str, dict[str, int]], row: Sequence[Any]) -> None:
     route, n, p, c, cached = row[4:9]
-    api = apis[API_ROUTES.get(route, "chat")]
+    api = apis[api_of(route)]
     api["requests"] += n
     api["tokens_in"] += int(p)
     api["tokens_out"] += int(c)
@@ -251,7 +242,7 @@ def summarize(
         "by_status": {}, "by_outcome": {}}  # fmt: skip
     models: dict[str, dict[str, Any]] = {}
     passthrough = _passthrough_entry()
-    apis = {name: _api_entry() for name in ("chat", "responses", "messages")}
+    apis = {name: _api_entry() for name in APIS}
     for row in groups:
         model, kind, status, outcome, route, n, p, c, cached = row[:9]
         if kind == "passthrough":

@@ -1,9 +1,9 @@
 """`python -m bench`: the benchmark report, each figure measured side by side in one run.
 
 Sections: added latency (inflight and LiteLLM vs a direct call), token accuracy and counting
-cost, prefix reuse against re-trimming baselines, planning cost, dollars at list prices. The
-llama.cpp sections (token accuracy, prompt-cache reuse, fact retention) run when
-`INFLIGHT_TEST_LLM_URL` points at ../shared/local-llm.
+cost, prefix reuse against re-trimming baselines (and as Responses API requests), planning
+cost, dollars at list prices. The llama.cpp sections (token accuracy, prompt-cache reuse, fact
+retention) run when `INFLIGHT_TEST_LLM_URL` points at ../shared/local-llm.
 """
 
 from __future__ import annotations
@@ -14,7 +14,17 @@ import platform
 import tempfile
 from contextlib import ExitStack
 
-from bench import cache, compaction, cost, facts, latency, load, overhead, token_accuracy
+from bench import (
+    cache,
+    compaction,
+    cost,
+    facts,
+    latency,
+    load,
+    overhead,
+    responses,
+    token_accuracy,
+)
 from bench.litellm import ensure_installed, litellm_proxy
 from bench.procs import bare_relay, fake_upstream, proxy, proxy_process
 
@@ -72,6 +82,8 @@ def main() -> None:
     if "compaction" in only:
         print("## Prefix reuse on transcript replays (auto vs re-trimming every request)\n")
         print(compaction.prefix_reuse_report() + "\n")
+        print("## Prefix reuse as Responses API requests, beside chat completions\n")
+        print(responses.prefix_reuse_report() + "\n")
         print("## Planning cost\n")
         print(compaction.planning_cost_report() + "\n")
         print(compaction.scaling_report() + "\n")

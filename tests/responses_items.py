@@ -17,7 +17,6 @@ from typing import Any
 from hypothesis import strategies as st
 
 from app.compaction.formats.responses import CALLS, OUTPUTS
-from app.compaction.planner import Plan
 from tests.conversations import TEXT, conversations, sizes
 
 
@@ -230,19 +229,6 @@ def follows_strict_rule(items: Sequence[Mapping[str, Any]]) -> bool:
         roles = roles[1:]
     alternating = ["user", "assistant"] * (len(roles) // 2) + ["user"] * (len(roles) % 2)
     return bool(roles) and roles == alternating
-
-
-def sources(plan: Plan, summary_inserted: bool) -> list[int | None]:
-    """For each compacted view message, the input view message it came from (None: the
-    summary) — what the engine's render does: kept units in order, one-to-one."""
-    out: list[int | None] = []
-    for i, unit in enumerate(plan.units):
-        if plan.kept(i):
-            out.extend(range(unit.start, unit.end))
-    if summary_inserted:
-        head_end = plan.units[plan.head - 1].end if plan.head else 0
-        out.insert(head_end, None)
-    return out
 
 
 # -- generated item lists: what real Responses clients send beyond converted chats -----------

@@ -23,7 +23,6 @@ from tests.responses_items import (
     pair_problems,
     request_body,
     request_points,
-    sources,
 )
 from tests.support import load_traces
 from tests.test_invariants import (
@@ -57,9 +56,7 @@ def forward(
     result = runner(conversation.messages, pipeline, window)
     if not result.applied:
         return body, result, conversation
-    inserted = result.plan.summarize and result.plan.summary_role != "fold"
-    inserted = inserted and len(result.messages) > len(sources(result.plan, False))
-    rendered = FORMAT.render(body, conversation, result.messages, sources(result.plan, inserted))
+    rendered = FORMAT.render(body, conversation, result.messages, result.sources)
     return rendered, result, conversation
 
 

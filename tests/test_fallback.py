@@ -25,7 +25,8 @@ from app.compaction.units import check_pair_safety
 from app.factory import create_app
 from app.tokens.counter import ChatTokenCounter
 from app.tokens.encodings import load_encodings
-from app.windows.registry import ModelTable, WindowRegistry
+from app.windows.registry import WindowRegistry
+from app.windows.table import ModelTable
 from tests.conftest import make_settings
 from tests.conversations import conversations
 from tests.fake_upstream import FakeUpstream, completion

@@ -10,14 +10,8 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from app.windows.registry import (
-    LimitSource,
-    ModelTable,
-    Window,
-    WindowRegistry,
-    output_reserve,
-    resolve_window,
-)
+from app.windows.registry import LimitSource, Window, WindowRegistry, resolve_window
+from app.windows.table import ModelTable, output_reserve
 
 CONFIG = Path(__file__).resolve().parents[1] / "config" / "models.toml"
 

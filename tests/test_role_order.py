@@ -18,7 +18,7 @@ from app.compaction.policy import Budget, StrategyName
 from app.compaction.units import is_strict_alternation
 from app.tokens.counter import ChatTokenCounter
 from app.tokens.encodings import load_encodings
-from app.windows.registry import output_reserve
+from app.windows.table import output_reserve
 from tests.conversations import (
     conversations,
     follows_strict_rule,

@@ -142,7 +142,7 @@ def _count(args: argparse.Namespace) -> int:
     import orjson
 
     from app.cli.simulate import load_messages
-    from app.windows.registry import ModelTable, output_reserve
+    from app.windows.table import ModelTable, output_reserve
 
     messages, model_in_file = load_messages(Path(args.file))
     model = args.model or model_in_file or "gpt-4o"
@@ -173,7 +173,7 @@ def _simulate(args: argparse.Namespace) -> int:
     from app.cli.simulate import load_messages, plot, simulate, window_for
     from app.compaction.policy import parse_strategy
     from app.errors import InvalidControl
-    from app.windows.registry import ModelTable
+    from app.windows.table import ModelTable
 
     try:
         strategies = parse_strategy(args.strategy, "--strategy")

@@ -12,7 +12,7 @@ from typing import Any
 from app.compaction.engine import compact
 from app.compaction.policy import Budget, StrategyName, resolve_pipeline
 from app.tokens.counter import TokenCounter
-from app.windows.registry import ModelTable, output_reserve
+from app.windows.table import ModelTable, output_reserve
 
 
 @dataclass(frozen=True, slots=True)

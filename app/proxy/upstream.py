@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass
 from http.cookiejar import Cookie, CookieJar
 from typing import Any, Protocol
 
@@ -14,6 +13,7 @@ import orjson
 
 from app.errors import UpstreamTimeout, UpstreamUnavailable
 from app.settings import Settings
+from app.windows.table import Route
 
 logger = logging.getLogger(__name__)
 
@@ -60,14 +60,6 @@ class _NoCookieJar(CookieJar):
 
     def set_cookie(self, cookie: Cookie) -> None:
         return None
-
-
-@dataclass(frozen=True, slots=True)
-class Route:
-    """Where one request goes: base URL (ending before the path after `/v1`) and key."""
-
-    base_url: str
-    api_key: str | None
 
 
 class RouteTable(Protocol):

@@ -38,7 +38,8 @@ from app.usage.records import UsageQueue, UsageRecord, UsageStore
 from app.usage.stores import open_store
 from app.usage.summary_stats import CountedCompleter, SummaryStats
 from app.windows.discovery import discover_window
-from app.windows.registry import ModelTable, WindowRegistry
+from app.windows.registry import WindowRegistry
+from app.windows.table import ModelTable
 
 logger = logging.getLogger(__name__)
 

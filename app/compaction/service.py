@@ -35,7 +35,8 @@ from app.settings import OnOverflow, Settings
 from app.tokens.counter import TokenCounter
 from app.usage.summary_stats import count_fallback, summary_outcome
 from app.windows.overflow import parse_overflow
-from app.windows.registry import WindowRegistry, output_reserve
+from app.windows.registry import WindowRegistry
+from app.windows.table import output_reserve
 
 CompleterFactory = Callable[[str, Mapping[str, str]], Completer]
 PROMPT_OVERHEAD = 700  # the summary prompt's own instructions, in tokens

@@ -1,0 +1,60 @@
+"""Anthropic Messages (`POST /v1/messages`): the wire-format adapter (DESIGN.md §8).
+
+The view (`messages_view`) maps turns to chat-shaped view messages so the planner keeps a
+`tool_use` and its `tool_result`s together and the turns alternating; rendering
+(`messages_render`) puts the kept blocks back, untouched messages byte-identical, and moves the
+`cache_control` breakpoints of cut blocks. A body Anthropic would reject (`messages_rules`) is
+forwarded as sent unless compaction must rewrite it; then it is a 400 naming the field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from app.compaction.formats import ApiName, Conversation
+from app.compaction.formats.messages_render import render_messages
+from app.compaction.formats.messages_rules import problems
+from app.compaction.formats.messages_view import MessagesConversation, build_view
+from app.errors import BadRequest
+
+FIXED_FIELDS = ("system", "tools", "tool_choice")
+SKIP_SYSTEM_MESSAGE = "a system message inside messages (forwarded as received)"
+
+
+class MessagesFormat:
+    """`POST /v1/messages` bodies (Anthropic's Messages API)."""
+
+    api: ApiName = "messages"
+
+    def conversation(self, body: Mapping[str, Any]) -> Conversation:
+        """Never raises: a body Anthropic would reject still has a view (its problems matter
+        only if compaction must rewrite it, and `render` reports them)."""
+        fixed = {k: body[k] for k in FIXED_FIELDS if k in body}
+        messages = body.get("messages")
+        if not isinstance(messages, list):
+            return MessagesConversation(messages=[], fixed=fixed)
+        listed = [m if isinstance(m, Mapping) else {"content": [m]} for m in messages]
+        if any(m.get("role") == "system" for m in listed):
+            # Mid-conversation system messages must follow a user turn; which cuts keep that
+            # true is not something the planner knows, so such a request is not compacted.
+            return MessagesConversation(messages=[], fixed=fixed, skip=SKIP_SYSTEM_MESSAGE)
+        view, pieces = build_view(listed)
+        return MessagesConversation(messages=view, fixed=fixed, pieces=pieces)
+
+    def render(
+        self,
+        body: Mapping[str, Any],
+        conversation: Conversation,
+        messages: Sequence[Mapping[str, Any]],
+        sources: Sequence[int | None],
+    ) -> dict[str, Any]:
+        """`body` with the compacted view in Anthropic's form; `BadRequest` naming the field
+        when Anthropic would reject the body (it cannot be rewritten safely)."""
+        found = problems(body)
+        if found:
+            raise BadRequest(found[0].message, param=found[0].param)
+        if not isinstance(conversation, MessagesConversation):
+            raise TypeError("MessagesFormat.render needs the conversation it made")
+        rendered = render_messages(body["messages"], conversation, messages, sources)
+        return {**body, "messages": rendered}

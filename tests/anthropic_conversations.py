@@ -1,0 +1,193 @@
+"""Anthropic Messages bodies for the tests and the bench: Hypothesis strategies for valid
+conversations (tool rounds with parallel calls and text beside the results, thinking with
+signatures, images, nested tool-result blocks, breakpoints), and the shipped chat transcripts
+converted to Messages form in Claude Code's shape (a breakpoint on the system prompt and on the
+last user message)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from hypothesis import strategies as st
+
+TEXT = st.text(alphabet="abcdefghij klmnop\n.,:{}0123456789", min_size=1, max_size=300)
+EPHEMERAL = {"type": "ephemeral"}
+THINKING_TYPES = ("thinking", "redacted_thinking")
+
+
+def sizes() -> st.SearchStrategy[int]:
+    return st.one_of(st.integers(1, 400), st.integers(400, 4000), st.integers(10_000, 60_000))
+
+
+def blocks(message: Mapping[str, Any]) -> list[Any]:
+    content = message.get("content")
+    return [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+
+
+@st.composite
+def thinking(draw: st.DrawFn) -> list[dict[str, Any]]:
+    kind = draw(st.sampled_from(["none", "none", "thinking", "redacted"]))
+    if kind == "thinking":
+        return [{"type": "thinking", "thinking": draw(TEXT), "signature": "sig" + draw(TEXT)}]
+    if kind == "redacted":
+        return [{"type": "redacted_thinking", "data": "enc" + draw(TEXT)}]
+    return []
+
+
+@st.composite
+def tool_result(draw: st.DrawFn, call_id: str) -> dict[str, Any]:
+    size = draw(sizes())
+    shape = draw(st.sampled_from(["string", "string", "blocks", "none"]))
+    block: dict[str, Any] = {"type": "tool_result", "tool_use_id": call_id}
+    if shape == "string":
+        block["content"] = "x" * size
+    elif shape == "blocks":
+        block["content"] = [
+            {"type": "text", "text": "y" * size},
+            {"type": "text", "text": draw(TEXT)},
+        ]
+    if draw(st.booleans()):
+        block["is_error"] = True
+    return block
+
+
+@st.composite
+def tool_round(draw: st.DrawFn, ids: Sequence[str]) -> list[dict[str, Any]]:
+    """An assistant message calling tools and the user message answering every call, maybe
+    with text after the results (Claude Code's reminders)."""
+    n = draw(st.integers(1, 3))
+    call_ids = [draw(st.sampled_from(ids)) + str(k) for k in range(n)]
+    said = [{"type": "text", "text": draw(TEXT)}] if draw(st.booleans()) else []
+    uses = [
+        {
+            "type": "tool_use",
+            "id": cid,
+            "name": draw(st.sampled_from(["Bash", "Read", "Grep"])),
+            "input": {"command": draw(TEXT), "n": draw(st.integers(0, 9))},
+        }
+        for cid in call_ids
+    ]
+    answers: list[dict[str, Any]] = [draw(tool_result(cid)) for cid in call_ids]
+    if draw(st.booleans()):
+        answers.append({"type": "text", "text": "<system-reminder>" + draw(TEXT)})
+    if draw(st.integers(0, 5)) == 0:
+        answers.append({"type": "image", "source": {"type": "url", "url": "https://x/y.png"}})
+    return [
+        {"role": "assistant", "content": [*draw(thinking()), *said, *uses]},
+        {"role": "user", "content": answers},
+    ]
+
+
+@st.composite
+def chat_round(draw: st.DrawFn) -> list[dict[str, Any]]:
+    reply = [*draw(thinking()), {"type": "text", "text": draw(TEXT) + "r" * draw(sizes())}]
+    question = draw(st.one_of(TEXT, st.just([{"type": "text", "text": "q" * 50}])))
+    return [{"role": "assistant", "content": reply}, {"role": "user", "content": question}]
+
+
+def _eligible(block: Any) -> bool:
+    return isinstance(block, dict) and block.get("type") not in THINKING_TYPES
+
+
+@st.composite
+def anthropic_bodies(draw: st.DrawFn) -> dict[str, Any]:
+    """A valid Messages body: strict alternation, every call answered in the next message,
+    Claude Code's breakpoints (system, last user message) and up to two more."""
+    ids = draw(st.lists(st.sampled_from(["toolu_a", "toolu_b", "c"]), min_size=1, max_size=2))
+    first = draw(st.one_of(TEXT, st.just([{"type": "text", "text": "task " * 40}])))
+    messages: list[dict[str, Any]] = [{"role": "user", "content": first}]
+    for _ in range(draw(st.integers(0, 14))):
+        rounds = st.one_of(tool_round(ids), tool_round(ids), chat_round())
+        messages.extend(draw(rounds))
+    body: dict[str, Any] = {"model": "claude-sonnet-4-5", "max_tokens": 512}
+    if draw(st.booleans()):
+        body["system"] = [{"type": "text", "text": "You are a coding agent.", **_mark()}]
+    if draw(st.integers(0, 4)) == 0:
+        messages.append({"role": "assistant", "content": "Here is"})  # prefill
+    body["messages"] = messages
+    claude_code_breakpoint(messages)
+    for _ in range(draw(st.integers(0, 2))):
+        i = draw(st.integers(0, len(messages) - 1))
+        content = messages[i]["content"]
+        if isinstance(content, list) and content:
+            j = draw(st.integers(0, len(content) - 1))
+            if _eligible(content[j]):
+                content[j] = {**content[j], **_mark()}
+    return body
+
+
+def _mark() -> dict[str, Any]:
+    return {"cache_control": dict(EPHEMERAL)}
+
+
+def claude_code_breakpoint(messages: list[dict[str, Any]]) -> None:
+    """A breakpoint on the last block of the last user message (in place)."""
+    last = max(i for i, m in enumerate(messages) if m["role"] == "user")
+    content = blocks(messages[last])
+    k = max(j for j, b in enumerate(content) if _eligible(b))
+    content[k] = {**content[k], **_mark()}
+    messages[last] = {**messages[last], "content": content}
+
+
+def _text(content: Any) -> list[dict[str, Any]]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}] if content else []
+    out: list[dict[str, Any]] = []
+    for part in content if isinstance(content, list) else []:
+        if isinstance(part, dict) and part.get("text"):
+            out.append({"type": "text", "text": str(part["text"])})
+        elif isinstance(part, dict) and part.get("type") == "image_url":
+            url = part["image_url"]["url"] if isinstance(part["image_url"], dict) else ""
+            out.append({"type": "image", "source": {"type": "url", "url": url}})
+    return out
+
+
+def _input(arguments: Any) -> dict[str, Any]:
+    try:
+        value = json.loads(arguments) if isinstance(arguments, str) else arguments
+    except json.JSONDecodeError:
+        value = None
+    return value if isinstance(value, dict) else {"arguments": str(arguments)}
+
+
+def _append(messages: list[dict[str, Any]], role: str, content: list[dict[str, Any]]) -> None:
+    if messages and messages[-1]["role"] == role:
+        messages[-1]["content"].extend(content)
+    else:
+        messages.append({"role": role, "content": content})
+
+
+def from_chat(
+    chat: Sequence[Mapping[str, Any]], model: str = "claude-sonnet-4-5"
+) -> dict[str, Any]:
+    """A chat transcript as a Messages body in Claude Code's shape: system as a text block with
+    a breakpoint, calls as `tool_use`, tool messages as `tool_result` blocks of the next user
+    message (answering the calls by position), consecutive same-role messages joined."""
+    system = [str(m.get("content") or "") for m in chat if m.get("role") in ("system", "developer")]
+    messages: list[dict[str, Any]] = []
+    calls: list[str] = []
+    for m in chat:
+        role = m.get("role")
+        if role == "assistant":
+            content = _text(m.get("content"))
+            calls = [f"toolu_{len(messages)}_{k}" for k in range(len(m.get("tool_calls") or []))]
+            for call_id, call in zip(calls, m.get("tool_calls") or [], strict=True):
+                fn = call.get("function") or {}
+                content.append(
+                    {"type": "tool_use", "id": call_id, "name": fn.get("name") or "tool",
+                     "input": _input(fn.get("arguments"))}
+                )  # fmt: skip
+            _append(messages, "assistant", content or [{"type": "text", "text": "(no content)"}])
+        elif role == "tool" and calls:
+            result = {"type": "tool_result", "tool_use_id": calls.pop(0)}
+            _append(messages, "user", [{**result, "content": str(m.get("content") or "")}])
+        elif role in ("user", "tool"):
+            _append(messages, "user", _text(m.get("content")) or [{"type": "text", "text": "."}])
+    if not messages or messages[0]["role"] != "user":
+        messages.insert(0, {"role": "user", "content": [{"type": "text", "text": "Begin."}]})
+    claude_code_breakpoint(messages)
+    body: dict[str, Any] = {"model": model, "max_tokens": 1024, "messages": messages}
+    body["system"] = [{"type": "text", "text": "\n\n".join(system) or "You are Claude.", **_mark()}]
+    return body

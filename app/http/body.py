@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -49,20 +50,49 @@ async def limited_stream(request: Request, limit: int) -> AsyncIterator[bytes]:
         yield chunk
 
 
-def _depth(value: Any, limit: int) -> int:
-    """Nesting depth of a parsed JSON value, iteratively (no recursion limit surprises)."""
-    deepest = 0
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, level = stack.pop()
-        deepest = max(deepest, level)
-        if deepest > limit:
-            return deepest
-        if isinstance(item, dict):
-            stack.extend((v, level + 1) for v in item.values())
-        elif isinstance(item, list):
-            stack.extend((v, level + 1) for v in item)
-    return deepest
+_ONE_KIND = bytes.maketrans(b"{}", b"[]")  # depth does not depend on the kind of container
+_NOT_SHAPE = bytes(b for b in range(256) if b not in b'[]{}"')
+# The exact rule in the rare case it is needed: every scalar (a string too) is a pair of its own.
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_SCALAR = re.compile(rb"[^\[\]{}:,\s]+")
+
+
+def _containers(raw: bytes) -> bytes:
+    """The containers of the JSON text `raw` as brackets of one kind, strings removed.
+
+    Escaped backslashes go first (a run of them pairs up from the left, as a parser reads it),
+    then escaped quotes, then everything but brackets and quotes. What is left between quotes
+    was inside a string: an empty pair is removed at once (two quotes meeting from different
+    strings only merge two strings), the rest by splitting on quotes.
+    """
+    text = raw.replace(b"\\\\", b"").replace(b'\\"', b"").translate(_ONE_KIND, _NOT_SHAPE)
+    text = text.replace(b'""', b"")
+    return b"".join(text.split(b'"')[::2]) if b'"' in text else text
+
+
+def _height(shape: bytes, cap: int) -> int:
+    """The nesting depth of balanced `[]` pairs, at most `cap`: each pass removes every
+    innermost pair at once (`bytes.replace` does not rescan what it produced)."""
+    for height in range(cap):
+        if not shape:
+            return height
+        shape = shape.replace(b"[]", b"")
+    return cap
+
+
+def nested_deeper(raw: bytes, limit: int) -> bool:
+    """Whether the JSON text `raw` (already parsed, so valid) nests deeper than `limit`, at C
+    speed. The top-level value is level 1 and each value inside a container one level below
+    it (object keys do not count): a scalar inside a container at level L is at L + 1."""
+    if raw.count(b"[") + raw.count(b"{") < limit:
+        return False  # a value is at most one level below the deepest of so few containers
+    height = _height(_containers(raw), limit + 1)
+    if height != limit:
+        return height > limit
+    # Containers reach exactly `limit`: too deep when one of those holds a value. Every scalar
+    # becomes a pair of its own, on a scan as slow as a regex, only for such bodies.
+    scalars = _SCALAR.sub(b"[]", _STRING.sub(b"0", raw)).translate(_ONE_KIND, _NOT_SHAPE)
+    return _height(scalars, limit + 1) > limit
 
 
 def parse_chat_body(raw: bytes) -> dict[str, Any]:
@@ -73,7 +103,7 @@ def parse_chat_body(raw: bytes) -> dict[str, Any]:
         raise InvalidJSON(f"request body is not valid JSON: {exc}") from exc
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
-    if _depth(body, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
+    if nested_deeper(raw, MAX_JSON_DEPTH):
         raise BadRequest(f"request body is nested deeper than {MAX_JSON_DEPTH} levels")
     model = body.get("model")
     if not isinstance(model, str) or not model:

@@ -106,6 +106,12 @@ def _summary_lines(stats: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _written(stats: Mapping[str, Any]) -> str:
+    """Prompt tokens written to the upstream's cache (Anthropic bills them apart), when any."""
+    written = stats.get("tokens_cache_write", 0)
+    return f"   cache writes {_n(written)}" if written else ""
+
+
 def render_stats(stats: Mapping[str, Any], width: int = 80) -> str:
     bar_width = max(10, width - 50)
     lines = ["inflight usage", "=" * min(width, 60)]
@@ -114,7 +120,7 @@ def render_stats(stats: Mapping[str, Any], width: int = 80) -> str:
         f"summary calls {stats.get('summary_calls', 0)}",
         *_outcome_lines(stats),
         f"tokens in        {_n(stats.get('tokens_in', 0)):>10}   "
-        f"cached {_n(stats.get('tokens_cached', 0))}",
+        f"cached {_n(stats.get('tokens_cached', 0))}{_written(stats)}",
         f"tokens out       {_n(stats.get('tokens_out', 0)):>10}",
         _saved_line(stats, bar_width),
         *_cost_lines(stats),

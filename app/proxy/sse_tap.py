@@ -2,7 +2,8 @@
 
 It sees the upstream's bytes chunk by chunk and holds at most one partial line. Only lines that
 can carry usage or an error are parsed (chat's usage chunk; the response object of a Responses
-`response.completed` or `response.failed`, or its `error` event); everything else passes
+`response.completed` or `response.failed`, or its `error` event; Anthropic's `message_start`
+and `message_delta`, whose usage adds up, and its `error` event); everything else passes
 through untouched. When the proxy
 itself asked the upstream for usage (the client did not), the usage-only chunk is cut out of what
 the client sees. The final event is chat's `data: [DONE]`, or the data line of a Responses
@@ -25,6 +26,7 @@ class Usage:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     cached_tokens: int | None = None
+    cache_write_tokens: int | None = None  # Anthropic's cache writes (part of the prompt)
 
     @classmethod
     def from_json(cls, usage: Any) -> Usage | None:
@@ -50,6 +52,37 @@ class Usage:
             _int_or_none(usage.get("output_tokens")),
             _int_or_none(cached),
         )
+
+
+    @classmethod
+    def from_anthropic(cls, usage: Any) -> Usage | None:
+        """Anthropic Messages usage: the prompt is `input_tokens` (what missed the cache) plus
+        `cache_read_input_tokens` plus `cache_creation_input_tokens`."""
+        if not isinstance(usage, dict):
+            return None
+        fresh = _int_or_none(usage.get("input_tokens"))
+        read = _int_or_none(usage.get("cache_read_input_tokens"))
+        written = _int_or_none(usage.get("cache_creation_input_tokens"))
+        parts = [n for n in (fresh, read, written) if n is not None]
+        return cls(
+            sum(parts) if parts else None,
+            _int_or_none(usage.get("output_tokens")),
+            read,
+            written,
+        )
+
+    def updated(self, later: Usage) -> Usage:
+        """This usage with what a later report states (a stream's `message_delta`)."""
+        return Usage(
+            _first(later.prompt_tokens, self.prompt_tokens),
+            _first(later.completion_tokens, self.completion_tokens),
+            _first(later.cached_tokens, self.cached_tokens),
+            _first(later.cache_write_tokens, self.cache_write_tokens),
+        )
+
+
+def _first(*values: int | None) -> int | None:
+    return next((v for v in values if v is not None), None)
 
 
 FINAL_EVENTS = frozenset(
@@ -103,6 +136,14 @@ class SSETap:
             self._observe(rest.rstrip(b"\r"))
         return rest if self.strip_usage_chunk else b""
 
+    def _anthropic_usage(self, event: dict[str, Any]) -> None:
+        """Anthropic's stream states usage in `message_start` (inside the message) and completes
+        it in each `message_delta` (output tokens; on newer servers the prompt's parts too)."""
+        holder = event.get("message") if event.get("type") == "message_start" else event
+        usage = Usage.from_anthropic(holder.get("usage") if isinstance(holder, dict) else None)
+        if usage is not None:
+            self.usage = usage if self.usage is None else self.usage.updated(usage)
+
     def _observe(self, line: bytes) -> bool:
         """Read one line; True when it is the usage-only chunk (to cut when stripping)."""
         if line.startswith(b"event:"):
@@ -122,6 +163,9 @@ class SSETap:
         except orjson.JSONDecodeError:
             return False
         if not isinstance(event, dict):
+            return False
+        if event.get("type") in ("message_start", "message_delta"):
+            self._anthropic_usage(event)
             return False
         # A Responses event carries the response object (usage in `response.completed`, the
         # error in `response.failed`), or is itself an `error` event.

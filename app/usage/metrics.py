@@ -146,6 +146,7 @@ class Metrics:
             ("prompt", record.prompt_tokens),
             ("completion", record.completion_tokens),
             ("cached", record.cached_tokens),
+            ("cache_write", record.cache_write_tokens),
         ):
             if value:
                 self.tokens.labels(record.model, kind).inc(value)

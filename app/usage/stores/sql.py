@@ -110,7 +110,7 @@ TOTALS = """
 SELECT model, kind, status, outcome, COALESCE(route, ''), COUNT(*),
        COALESCE(SUM(prompt_tokens), 0), COALESCE(SUM(completion_tokens), 0),
        COALESCE(SUM(cached_tokens), 0), COALESCE(SUM(tokens_before - tokens_after), 0),
-       COALESCE(SUM(tokens_before), 0)
+       COALESCE(SUM(tokens_before), 0), COALESCE(SUM(cache_write_tokens), 0)
 FROM inflight_usage GROUP BY model, kind, status, outcome, COALESCE(route, '')
 """
 STRATEGIES = """
@@ -217,7 +217,7 @@ def _saved_share(saved: int, before: int) -> float:
 
 
 def _add_chat(totals: dict[str, Any], entry: dict[str, Any] | None, row: Sequence[Any]) -> None:
-    _model, _kind, status, outcome, _route, n, _p, _c, _cached, saved, before = row
+    _model, _kind, status, outcome, _route, n, _p, _c, _cached, saved, before = row[:11]
     totals["requests"] += n
     _bump(totals["by_status"], str(status), n)
     _bump(totals["by_outcome"], outcome, n)
@@ -238,8 +238,8 @@ def summarize(
 ) -> dict[str, Any]:
     """The JSON shape of `/stats` (and `inflight stats`) from the three queries above."""
     totals: dict[str, Any] = {"requests": 0, "summary_calls": 0, "tokens_in": 0,
-        "tokens_out": 0, "tokens_cached": 0, "tokens_saved": 0, "tokens_estimated_before": 0,
-        "by_status": {}, "by_outcome": {}}  # fmt: skip
+        "tokens_out": 0, "tokens_cached": 0, "tokens_cache_write": 0, "tokens_saved": 0,
+        "tokens_estimated_before": 0, "by_status": {}, "by_outcome": {}}  # fmt: skip
     models: dict[str, dict[str, Any]] = {}
     passthrough = _passthrough_entry()
     apis = {name: _api_entry() for name in APIS}
@@ -264,6 +264,7 @@ def summarize(
         totals["tokens_in"] += int(p)
         totals["tokens_out"] += int(c)
         totals["tokens_cached"] += int(cached)
+        totals["tokens_cache_write"] += int(row[11]) if len(row) > 11 else 0  # (Anthropic)
         if entry is not None:
             entry["tokens_in"] += int(p)
             entry["tokens_out"] += int(c)

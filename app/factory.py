@@ -15,7 +15,7 @@ from starlette.responses import Response
 from app import __version__
 from app.banner import log_banner
 from app.compaction.service import CompactionService
-from app.compaction.summary.cache import SingleFlight, SummaryCache, open_cache
+from app.compaction.summary.cache import SummaryCache, SummaryFlight, open_cache
 from app.compaction.summary.prompt import Completer, SummaryPrompt
 from app.compaction.summary.rolling import Summaries
 from app.dashboard.assets import DashboardAssets
@@ -89,7 +89,7 @@ def _compaction(
     windows = WindowRegistry(table, discover, ttl=settings.discovery_ttl)
     prompt = SummaryPrompt.load(settings.config_file("summary_prompt.md"))
     cache = open_cache(settings.cache_url)
-    summaries = Summaries(prompt, SingleFlight(cache))
+    summaries = Summaries(prompt, SummaryFlight(cache))
 
     def completer_for(model: str, headers: Mapping[str, str]) -> Completer:
         complete = summary_completer(upstream, model, headers, settings.summary_timeout)

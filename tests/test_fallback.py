@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.compaction.service import CompactionService, report_headers
-from app.compaction.summary.cache import MemoryCache, SingleFlight
+from app.compaction.summary.cache import MemoryCache, SummaryFlight
 from app.compaction.summary.prompt import Completer, SummaryPrompt
 from app.compaction.summary.rolling import Summaries
 from app.compaction.units import check_pair_safety
@@ -252,7 +252,7 @@ async def test_no_unexpected_exception_from_compaction_ever(
     counter = FaultyCounter(encodings, table)
     counter.fault = fault
     summaries = Summaries(
-        SummaryPrompt.load(CONFIG / "summary_prompt.md"), SingleFlight(FaultyCache(fault))
+        SummaryPrompt.load(CONFIG / "summary_prompt.md"), SummaryFlight(FaultyCache(fault))
     )
     service = CompactionService(
         make_settings(tmp_path),

@@ -14,7 +14,7 @@ import pytest
 
 from app.compaction.planner import plan
 from app.compaction.policy import Budget
-from app.compaction.summary.cache import MemoryCache, SingleFlight
+from app.compaction.summary.cache import MemoryCache, SummaryFlight
 from app.compaction.summary.prompt import SummaryPrompt, chunk_transcript, render_message
 from app.compaction.summary.rolling import Summaries, SummaryJob, span_keys
 from app.factory import create_app
@@ -321,7 +321,7 @@ async def test_a_cold_chain_resumes_from_the_newest_cached_summary() -> None:
         chunk_tokens=100_000,
         count_text=lambda text: len(text) // 4,
     )
-    text = await Summaries(prompt, SingleFlight(cache)).summary_for(job)
+    text = await Summaries(prompt, SummaryFlight(cache)).summary_for(job)
     assert text == "rolled 1"  # one call: the whole span since the cached event fits one chunk
     assert "<previous_summary>\nOLDER SUMMARY\n</previous_summary>" in prompts[0]
     first_kept = messages[the_plan.units[resume_at].start]

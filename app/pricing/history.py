@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import zlib
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
+
+from app.lru import BoundedLRU
 
 _HEAD_ROLES = frozenset({"system", "developer"})
 
@@ -73,8 +74,7 @@ class PromptHistory:
     """
 
     def __init__(self, capacity: int) -> None:
-        self._capacity = capacity
-        self._prompts: OrderedDict[bytes, PriorPrompt] = OrderedDict()
+        self._prompts: BoundedLRU[bytes, PriorPrompt] = BoundedLRU(capacity)
 
     def __len__(self) -> int:
         return len(self._prompts)
@@ -94,8 +94,5 @@ class PromptHistory:
                 reusable = prior.tokens
         else:
             checksum = zlib.crc32(data[:size])
-        self._prompts[key] = PriorPrompt(size, checksum, tokens, now)
-        self._prompts.move_to_end(key)
-        while len(self._prompts) > self._capacity:
-            self._prompts.popitem(last=False)
+        self._prompts.put(key, PriorPrompt(size, checksum, tokens, now))
         return reusable

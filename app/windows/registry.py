@@ -9,14 +9,14 @@ the client or the operator, always wins over it.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TypeVar
 
+from app.flight import SingleFlight
+from app.lru import BoundedLRU
 from app.windows.table import ModelTable
 
 logger = logging.getLogger(__name__)
@@ -64,15 +64,10 @@ def resolve_window(
 
 
 Discover = Callable[[str, str], Awaitable[int | None]]
-V = TypeVar("V")
 
 
-def _bounded_put(store: dict[tuple[str, str], V], key: tuple[str, str], value: V, cap: int) -> None:
-    """Insert, dropping the oldest entry first when the map is full."""
-    store.pop(key, None)
-    if len(store) >= cap:
-        store.pop(next(iter(store)))
-    store[key] = value
+class DiscoveryAbandoned(Exception):
+    """The caller running a shared discovery was cancelled before it answered."""
 
 
 class WindowRegistry:
@@ -93,10 +88,11 @@ class WindowRegistry:
         self._table = table
         self._discover = discover
         self._ttl = ttl
-        self._max_keys = max_keys
-        self._discovered: dict[tuple[str, str], tuple[float, int | None]] = {}
-        self._pending: dict[tuple[str, str], asyncio.Future[int | None]] = {}
-        self._learned: dict[tuple[str, str], int] = {}
+        self._discovered: BoundedLRU[tuple[str, str], tuple[float, int | None]] = BoundedLRU(
+            max_keys
+        )
+        self._pending: SingleFlight[tuple[str, str], int | None] = SingleFlight(DiscoveryAbandoned)
+        self._learned: BoundedLRU[tuple[str, str], int] = BoundedLRU(max_keys)
 
     @property
     def table(self) -> ModelTable:
@@ -105,37 +101,34 @@ class WindowRegistry:
     def learn(self, base_url: str, model: str, window: int) -> None:
         """Remember the window an upstream's overflow error named (exactly that: a prompt that
         fits it but still failed was miscounted, which is calibration's business)."""
-        _bounded_put(self._learned, (base_url, model), window, self._max_keys)
+        self._learned.put((base_url, model), window)
 
     def learned(self) -> dict[str, int]:
         """Windows learned from overflow errors, as `model@base_url` (for /stats)."""
         return {f"{model}@{base}": n for (base, model), n in self._learned.items()}
 
-    def _settle(self, key: tuple[str, str], task: asyncio.Future[int | None]) -> None:
-        self._pending.pop(key, None)
-        if task.cancelled():
-            return
-        failure = task.exception()
-        value = None if failure is not None else task.result()
-        _bounded_put(self._discovered, key, (time.monotonic(), value), self._max_keys)
+    async def _discover_once(self, discover: Discover, base_url: str, model: str) -> int | None:
+        try:
+            value = await discover(base_url, model)
+        except Exception:  # best effort by contract: a failed probe means "unknown", logged
+            logger.exception("window discovery for %s at %s failed", model, base_url)
+            value = None
+        self._discovered.put((base_url, model), (time.monotonic(), value))
+        return value
 
     async def _discovered_window(self, base_url: str, model: str) -> int | None:
-        if self._discover is None:
+        discover = self._discover
+        if discover is None:
             return None
         key = (base_url, model)
         found = self._discovered.get(key)
         if found is not None and time.monotonic() - found[0] < self._ttl:
             return found[1]
-        task = self._pending.get(key)
-        if task is None:
-            task = asyncio.ensure_future(self._discover(base_url, model))
-            self._pending[key] = task
-            task.add_done_callback(lambda done: self._settle(key, done))
         try:
-            # shield: a caller that is cancelled does not cancel the others' discovery
-            return await asyncio.shield(task)
-        except Exception:  # best effort by contract: a failed probe means "unknown", logged
-            logger.exception("window discovery for %s at %s failed", model, base_url)
+            return await self._pending.run(
+                key, lambda: self._discover_once(discover, base_url, model)
+            )
+        except DiscoveryAbandoned:  # the caller running it was cancelled: unknown this time
             return None
 
     async def window_for(

@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
+from app.lru import BoundedLRU
 from app.tokens.encodings import EncodingName, bare_model
 
 RESERVE_SHARE = 0.16
@@ -54,7 +55,9 @@ class ModelTable(BaseModel):
     fallback_max_output: int = Field(4096, gt=0)
     model: tuple[ModelEntry, ...] = ()
     _compiled: tuple[re.Pattern[str], ...] = PrivateAttr(default=())
-    _memo: dict[str, ModelEntry | None] = PrivateAttr(default_factory=dict)
+    _memo: BoundedLRU[str, ModelEntry | None] = PrivateAttr(
+        default_factory=lambda: BoundedLRU(LOOKUP_MEMO_SIZE)  # client-chosen names: bounded
+    )
 
     def model_post_init(self, context: Any, /) -> None:
         self._compiled = tuple(
@@ -81,8 +84,10 @@ class ModelTable(BaseModel):
     def lookup(self, model: str) -> ModelEntry | None:
         """The first entry whose pattern matches the lower-cased name, or the name without its
         `provider/` prefix."""
-        if model in self._memo:
+        try:
             return self._memo[model]
+        except KeyError:
+            pass  # not memoised yet (or just evicted)
         name = model.lower()
         bare = bare_model(model)
         found = next(
@@ -93,8 +98,7 @@ class ModelTable(BaseModel):
             ),
             None,
         )
-        if len(self._memo) < LOOKUP_MEMO_SIZE:  # client-chosen names: bounded
-            self._memo[model] = found
+        self._memo.put(model, found)
         return found
 
     def encoding_for(self, model: str) -> str | None:

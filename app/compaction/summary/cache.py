@@ -9,16 +9,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from app.compaction.summary.prompt import SummaryFailed
+from app.flight import SingleFlight
+from app.lru import BoundedLRU
 
 logger = logging.getLogger(__name__)
 
 PREFIX = "inflight:summary:"
+RELEASE_IF_OWNER = """
+if redis.call("get", KEYS[1]) == ARGV[1] then
+    return redis.call("del", KEYS[1])
+end
+return 0
+"""
 
 
 class SummaryCache(Protocol):
@@ -28,10 +36,12 @@ class SummaryCache(Protocol):
 
     async def set(self, key: str, value: str) -> None: ...
 
-    async def lock(self, key: str, ttl: float) -> bool:
-        """Try to become the one replica computing `key` (True when acquired)."""
+    async def lock(self, key: str, ttl: float) -> str | None:
+        """Try to become the one replica computing `key`: the owner's token when acquired."""
 
-    async def unlock(self, key: str) -> None: ...
+    async def unlock(self, key: str, token: str) -> None:
+        """Release the lock on `key` if `token` still owns it (it may have expired and been
+        taken by another replica, whose lock must survive)."""
 
     async def close(self) -> None: ...
 
@@ -40,25 +50,18 @@ class MemoryCache:
     """A bounded LRU, private to this process."""
 
     def __init__(self, max_entries: int = 10_000) -> None:
-        self._data: OrderedDict[str, str] = OrderedDict()
-        self._max = max_entries
+        self._data: BoundedLRU[str, str] = BoundedLRU(max_entries)
 
     async def get(self, key: str) -> str | None:
-        value = self._data.get(key)
-        if value is not None:
-            self._data.move_to_end(key)
-        return value
+        return self._data.get(key)
 
     async def set(self, key: str, value: str) -> None:
-        self._data[key] = value
-        self._data.move_to_end(key)
-        while len(self._data) > self._max:
-            self._data.popitem(last=False)
+        self._data.put(key, value)
 
-    async def lock(self, key: str, ttl: float) -> bool:
-        return True  # the in-process single flight already serialises this process
+    async def lock(self, key: str, ttl: float) -> str | None:
+        return "local"  # the in-process single flight already serialises this process
 
-    async def unlock(self, key: str) -> None:
+    async def unlock(self, key: str, token: str) -> None:
         return None
 
     async def close(self) -> None:
@@ -81,12 +84,17 @@ class RedisCache:
     async def set(self, key: str, value: str) -> None:
         await self._redis.set(PREFIX + key, value, ex=self._ttl)
 
-    async def lock(self, key: str, ttl: float) -> bool:
-        acquired = await self._redis.set(PREFIX + key + ":lock", "1", nx=True, px=int(ttl * 1000))
-        return bool(acquired)
+    async def lock(self, key: str, ttl: float) -> str | None:
+        token = secrets.token_hex(16)
+        acquired = await self._redis.set(
+            PREFIX + key + ":lock", token, nx=True, px=max(1, int(ttl * 1000))
+        )
+        return token if acquired else None
 
-    async def unlock(self, key: str) -> None:
-        await self._redis.delete(PREFIX + key + ":lock")
+    async def unlock(self, key: str, token: str) -> None:
+        # compare-and-delete in one step: between a GET and a DEL the lock could expire and
+        # be taken by another replica
+        await self._redis.eval(RELEASE_IF_OWNER, 1, PREFIX + key + ":lock", token)
 
     async def ping(self) -> bool:
         return bool(await self._redis.ping())
@@ -99,12 +107,16 @@ def open_cache(url: str | None) -> SummaryCache:
     return RedisCache(url) if url else MemoryCache()
 
 
-class SingleFlight:
-    """Runs one computation per key at a time; concurrent callers share its result."""
+class SummaryFlight:
+    """Finds or computes a summary once: the cache first, then one computation per key in
+    this process (concurrent callers share it) and, across replicas, the holder of the
+    cache's lock; the others wait for its result, bounded by the lock's TTL."""
 
     def __init__(self, cache: SummaryCache, lock_ttl: float = 120.0, poll: float = 0.05) -> None:
         self._cache = cache
-        self._inflight: dict[str, asyncio.Future[str]] = {}
+        self._inflight: SingleFlight[str, str] = SingleFlight(
+            lambda: SummaryFailed("the shared summary call was abandoned")
+        )
         self._lock_ttl = lock_ttl
         self._poll = poll
 
@@ -116,30 +128,11 @@ class SingleFlight:
         cached = await self._cache.get(key)
         if cached is not None:
             return cached
-        pending = self._inflight.get(key)
-        if pending is not None:
-            return await asyncio.shield(pending)
-        future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self._inflight[key] = future
-        try:
-            value = await self._compute_once(key, compute)
-        except asyncio.CancelledError:
-            # This caller's deadline ended the computation; callers sharing it fall back too.
-            future.set_exception(SummaryFailed("the shared summary call was abandoned"))
-            future.exception()
-            raise
-        except BaseException as exc:
-            future.set_exception(exc)
-            future.exception()  # mark retrieved: waiters re-raise it, nobody else must
-            raise
-        else:
-            future.set_result(value)
-            return value
-        finally:
-            del self._inflight[key]
+        return await self._inflight.run(key, lambda: self._compute_once(key, compute))
 
     async def _compute_once(self, key: str, compute: Callable[[], Awaitable[str]]) -> str:
-        if not await self._cache.lock(key, self._lock_ttl):
+        token = await self._cache.lock(key, self._lock_ttl)
+        if token is None:
             # Another replica is computing it: wait for its result, bounded by the lock's TTL.
             deadline = time.monotonic() + self._lock_ttl
             while time.monotonic() < deadline:
@@ -156,4 +149,5 @@ class SingleFlight:
             await self._cache.set(key, value)
             return value
         finally:
-            await self._cache.unlock(key)
+            if token is not None:  # a replica that waited the holder out owns no lock
+                await self._cache.unlock(key, token)

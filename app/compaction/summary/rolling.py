@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +21,7 @@ from typing import Any
 import orjson
 
 from app.compaction.planner import Plan, render_span
-from app.compaction.summary.cache import SingleFlight
+from app.compaction.summary.cache import SummaryFlight
 from app.compaction.summary.prompt import (
     Completer,
     SummaryFailed,
@@ -31,6 +30,7 @@ from app.compaction.summary.prompt import (
     chunk_transcript,
     parse_summary,
 )
+from app.lru import BoundedLRU
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ class Summaries:
     def __init__(
         self,
         prompt: SummaryPrompt,
-        flight: SingleFlight,
+        flight: SummaryFlight,
         *,
         retry_after: float = 600.0,
         max_failures: int = 10_000,
@@ -99,8 +99,7 @@ class Summaries:
         self.prompt = prompt
         self._flight = flight
         self._retry_after = retry_after
-        self._max_failures = max_failures
-        self._failed: OrderedDict[str, float] = OrderedDict()  # key -> when to retry
+        self._failed: BoundedLRU[str, float] = BoundedLRU(max_failures)  # key -> when to retry
 
     async def summary_for(self, job: SummaryJob) -> str:
         keys = span_keys(job.messages, job.plan, job.model, self.prompt)
@@ -109,7 +108,7 @@ class Summaries:
         if retry is not None:
             if time.monotonic() < retry:
                 raise SummaryFailed("the summary of this span failed recently; not retried yet")
-            del self._failed[job.key]
+            self._failed.pop(job.key)
         try:
             return await self._flight.get_or_compute(job.key, lambda: self._roll(job, keys))
         except SummaryFailed:
@@ -120,10 +119,7 @@ class Summaries:
         """Remember that `job`'s summary could not be made (also after its deadline)."""
         if not job.key:
             return
-        self._failed[job.key] = time.monotonic() + self._retry_after
-        self._failed.move_to_end(job.key)
-        while len(self._failed) > self._max_failures:
-            self._failed.popitem(last=False)
+        self._failed.put(job.key, time.monotonic() + self._retry_after)
 
     async def _roll(self, job: SummaryJob, keys: list[tuple[int, str]]) -> str:
         """The summary for the newest cut: the newest cached summary of an earlier cut updated

@@ -26,8 +26,9 @@ from app.http.routes import chat, compaction, dashboard, ops, passthrough
 from app.http.state import AppState
 from app.pricing.meter import CostMeter
 from app.pricing.table import PriceTable
-from app.proxy.chat import ChatService, Exchange
+from app.proxy.chat import CHAT_API
 from app.proxy.passthrough import PassthroughService
+from app.proxy.service import ApiService, Exchange
 from app.proxy.upstream import Upstream, summary_completer
 from app.settings import Settings
 from app.tokens.counter import ChatTokenCounter
@@ -144,16 +145,18 @@ def create_app(
 
     async def on_done(exchange: Exchange) -> None:
         usage = exchange.usage
-        if usage is not None and usage.prompt_tokens and exchange.outcome == "completed":
-            counter.observe(exchange.model, exchange.body, usage.prompt_tokens)
+        view = exchange.view
+        completed = exchange.outcome == "completed"
+        if usage is not None and usage.prompt_tokens and completed and view is not None:
+            counter.observe(exchange.model, view, usage.prompt_tokens)
         for record in records_for(exchange):
-            submit(meter.priced(record, exchange.original))
+            submit(meter.priced(record, exchange.body))
 
     state = AppState(
         settings=settings,
         upstream=upstream,
         keys=KeyChecker(settings.api_keys),
-        chat=ChatService(settings, upstream, compactor=compactor, on_done=on_done),
+        chat=ApiService(settings, upstream, CHAT_API, compactor, on_done=on_done),
         passthrough=PassthroughService(settings, upstream, record=submit),
         counter=counter,
         windows=windows,

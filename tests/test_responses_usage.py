@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.proxy.chat import usage_from_json
+from app.proxy.service import usage_from_json
 from app.proxy.sse_tap import SSETap, Usage
 
 RESPONSES_USAGE = {

@@ -108,17 +108,35 @@ def _fraction(value: Any, param: str) -> float:
     return number
 
 
-def parse_controls(headers: Mapping[str, str], body: dict[str, Any]) -> tuple[Controls, bool]:
+# The body keys that carry controls; they never reach the upstream.
+CONTROL_KEYS = ("transforms", "compaction")
+
+
+def parse_controls(
+    headers: Mapping[str, str], body: Mapping[str, Any]
+) -> tuple[Controls, dict[str, Any]]:
     """Controls from headers (lower-cased names) and the body; headers win over the body.
 
-    The body keys `compaction` and `transforms` are removed from `body` (they must not reach the
-    upstream); the bool says whether the body changed.
+    `body` is not changed: the second value is the body to forward, without the control keys
+    `compaction` and `transforms` (the same object when it holds neither).
     """
+    raw = _body_controls(body)
+    for name, value in headers.items():
+        lower = name.lower()
+        if lower.startswith(HEADER_PREFIX):
+            if lower not in _BODY_KEYS.values():
+                raise InvalidControl(f"unknown header {name}", param=name)
+            raw[lower] = (value, name)
+    if any(k in body for k in CONTROL_KEYS):
+        return _controls(raw), {k: v for k, v in body.items() if k not in CONTROL_KEYS}
+    return _controls(raw), body if isinstance(body, dict) else dict(body)
+
+
+def _body_controls(body: Mapping[str, Any]) -> dict[str, tuple[Any, str]]:
+    """The raw control values the body carries (`transforms`, `compaction`), by header name."""
     raw: dict[str, tuple[Any, str]] = {}
-    changed = False
     if "transforms" in body:
-        transforms = body.pop("transforms")
-        changed = True
+        transforms = body["transforms"]
         if not isinstance(transforms, list) or not all(isinstance(t, str) for t in transforms):
             raise InvalidControl("transforms must be an array of strings", param="transforms")
         unknown = [t for t in transforms if t != "middle-out"]
@@ -129,8 +147,7 @@ def parse_controls(headers: Mapping[str, str], body: dict[str, Any]) -> tuple[Co
             )
         raw["x-compaction-strategy"] = ("middle-out" if transforms else "none", "transforms")
     if "compaction" in body:
-        section = body.pop("compaction")
-        changed = True
+        section = body["compaction"]
         if not isinstance(section, dict):
             raise InvalidControl("compaction must be an object", param="compaction")
         for key, value in section.items():
@@ -139,18 +156,14 @@ def parse_controls(headers: Mapping[str, str], body: dict[str, Any]) -> tuple[Co
                 raise InvalidControl(f"compaction.{key} is not a known field", param="compaction")
             if value is not None:
                 raw[header] = (value, f"compaction.{key}")
-    for name, value in headers.items():
-        lower = name.lower()
-        if lower.startswith(HEADER_PREFIX):
-            if lower not in _BODY_KEYS.values():
-                raise InvalidControl(f"unknown header {name}", param=name)
-            raw[lower] = (value, name)
+    return raw
 
-    controls = Controls()
+
+def _controls(raw: Mapping[str, tuple[Any, str]]) -> Controls:
+    """Validate the raw values (by lower-cased header name) into `Controls`."""
     strategies = context_limit = threshold = target = summary_model = None
     if "x-compaction-strategy" in raw:
-        value, param = raw["x-compaction-strategy"]
-        strategies = parse_strategy(value, param)
+        strategies = parse_strategy(*raw["x-compaction-strategy"])
     if "x-compaction-context-limit" in raw:
         context_limit = _limit(*raw["x-compaction-context-limit"])
     if "x-compaction-threshold" in raw:
@@ -167,14 +180,13 @@ def parse_controls(headers: Mapping[str, str], body: dict[str, Any]) -> tuple[Co
         if not isinstance(value, str) or not value.strip():
             raise InvalidControl(f"{param} must be a non-empty string", param=param)
         summary_model = value.strip()
-    controls = Controls(
-        strategies=strategies if "x-compaction-strategy" in raw else controls.strategies,
+    return Controls(
+        strategies=strategies,
         context_limit=context_limit,
         threshold=threshold,
         target=target,
         summary_model=summary_model,
     )
-    return controls, changed
 
 
 def resolve_pipeline(

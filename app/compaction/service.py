@@ -1,8 +1,11 @@
 """The compaction service: controls, window, token count, plan, and the forwarded body.
 
-It glues the pure core (policy, counting, the planner) to a request: it resolves the window
-(header > setting > learned/discovered > table > fallback), counts, compacts, decides whether the
-original bytes can go upstream untouched, and writes the `X-Compaction-*` report headers.
+It glues the pure core (policy, counting, the planner) to a request of any wire format: the
+`WireFormat` adapter gives the planner its view (`conversation`), the service resolves the window
+(header > setting > learned/discovered > table > fallback), counts, compacts, and the adapter
+renders the result back (`render`). It returns a `Compacted` value — the body and bytes to
+forward, the `X-Compaction-*` report headers, the numbers for the usage record — that the API
+service applies; it never touches the exchange itself. No web or HTTP client imports here.
 """
 
 from __future__ import annotations
@@ -10,14 +13,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, TypeVar
 
-import anyio.to_thread
 import orjson
 
 from app.compaction.engine import CompactionResult, compact
+from app.compaction.formats import ApiName, Conversation, WireFormat
+from app.compaction.formats.chat import ChatFormat
 from app.compaction.planner import Plan, plan
 from app.compaction.policy import (
     Budget,
@@ -30,7 +34,6 @@ from app.compaction.policy import (
 from app.compaction.summary.prompt import Completer, SummaryFailed, SummaryUsage
 from app.compaction.summary.rolling import Summaries, SummaryJob, summary_budget
 from app.errors import ContextLengthExceeded
-from app.proxy.chat import Exchange
 from app.settings import OnOverflow, Settings
 from app.tokens.counter import TokenCounter
 from app.usage.summary_stats import count_fallback, summary_outcome
@@ -44,6 +47,13 @@ PROMPT_OVERHEAD = 700  # the summary prompt's own instructions, in tokens
 OFFLOAD_MESSAGES = 256
 OFFLOAD_CHARS = 256 * 1024
 T = TypeVar("T")
+# The request field that holds the history, per API (named by a too-long-to-fit error).
+CHAT = ChatFormat()  # the default adapter (stateless)
+HISTORY_PARAM: dict[ApiName, str] = {
+    "chat": "messages",
+    "responses": "input",
+    "messages": "messages",
+}
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +62,9 @@ logger = logging.getLogger(__name__)
 class Preview:
     """The outcome of compacting one request, without forwarding it."""
 
-    body: dict[str, Any]
+    body: dict[str, Any]  # the request without its control keys
+    forwarded: dict[str, Any]  # what goes upstream: `body` with the compacted history rendered
+    conversation: Conversation  # the planner's view of `body`
     result: CompactionResult
     window: int
     limit_source: str
@@ -64,6 +76,32 @@ class Preview:
     fallback: str | None
     summary_model: str
     error: str | None = None  # compaction itself failed: what the request got instead, and why
+
+    @property
+    def changed(self) -> bool:
+        """Whether the forwarded body differs from the one received (else its bytes go up)."""
+        return self.changed_body or bool(self.result.applied)
+
+
+@dataclass(frozen=True, slots=True)
+class Compacted:
+    """What the API service forwards after compaction, and what it reports about it."""
+
+    body: dict[str, Any]  # the body forwarded
+    forward: bytes | None  # its bytes; None: the bytes as received
+    view: Mapping[str, Any]  # the chat-shaped view of `body`, for calibrating on the usage
+    headers: dict[str, str]  # the `X-Compaction-*` report (DESIGN.md §2)
+    tokens_before: int
+    tokens_after: int
+    context_limit: int
+    strategies: tuple[StrategyName, ...]
+    summary_usage: SummaryUsage
+    summary_model: str
+
+
+def view_body(conversation: Conversation) -> dict[str, Any]:
+    """The request as the counter sees it: the fixed parts and the chat-shaped messages."""
+    return {**conversation.fixed, "messages": list(conversation.messages)}
 
 
 def report_headers(preview: Preview) -> dict[str, str]:
@@ -92,7 +130,8 @@ def report_headers(preview: Preview) -> dict[str, str]:
 
 
 class CompactionService:
-    """Implements the chat service's `Compactor` seam, and serves the preview endpoint."""
+    """Compacts requests of any wire format for the API services, and serves the preview
+    endpoints. Implements `app.proxy.service.Compactor`."""
 
     def __init__(
         self,
@@ -112,21 +151,24 @@ class CompactionService:
     async def plan(
         self,
         headers: Mapping[str, str],
-        body: dict[str, Any],
+        body: Mapping[str, Any],
         base_url: str,
         *,
+        wire: WireFormat = CHAT,
         strategies: tuple[StrategyName, ...] | None = None,
     ) -> Preview:
-        """Compact `body` (its control keys are removed in place) for the model's window."""
-        controls, changed_body = parse_controls({k.lower(): v for k, v in headers.items()}, body)
-        model: str = body["model"]
+        """Compact `body` (not changed: the preview holds the body to forward) for the model's
+        window. A request the adapter says to skip is forwarded as received."""
+        controls, cleaned = parse_controls({k.lower(): v for k, v in headers.items()}, body)
+        model: str = cleaned["model"]
         window = await self._windows.window_for(
             model,
             base_url,
             header_limit=controls.context_limit,
             setting_limit=self._settings.context_limit,
+            betas=anthropic_betas(headers),
         )
-        reserve = output_reserve(body, window.tokens)
+        reserve = output_reserve(cleaned, window.tokens)
         threshold = controls.threshold or self._settings.threshold
         budget = Budget(
             window=window.tokens,
@@ -134,187 +176,230 @@ class CompactionService:
             threshold=threshold,
             target=min(controls.target or self._settings.target, threshold),
         )
-        if strategies is None:
-            strategies = self._strategies(controls)
         can_summarize = self._summaries is not None and self._completer_for is not None
-        pipeline = resolve_pipeline(strategies, summarizer_available=can_summarize)
+        pipeline = resolve_pipeline(
+            self._strategies(controls) if strategies is None else strategies,
+            summarizer_available=can_summarize,
+        )
         summary_model = controls.summary_model or self._settings.summary_model or model
-        error = None
-        try:
-            outcome = await self._compact(
-                body, pipeline, budget, model, summary_model, base_url, headers
-            )
-        except Exception as exc:  # any compaction bug: fall back, never a 500
-            logger.exception("compaction failed for %s, falling back to trim", model)
-            outcome, error = await self._fallback(exc, body, pipeline, budget, model)
-        result, usage, fallback = outcome
+        conversation = wire.conversation(cleaned)
+        job = _Job(
+            wire, cleaned, conversation, model, summary_model, base_url, headers, self._counter
+        )
+        outcome, error = await self._outcome(job, pipeline, budget)
         return Preview(
-            body,
-            result,
+            cleaned,
+            outcome.forwarded,
+            job.conversation,
+            outcome.result,
             window.tokens,
             str(window.source),
             reserve,
-            changed_body,
+            cleaned is not body,
             self._counter.is_exact(model),
             self._counter.encoding_name(model),
-            usage,
-            fallback,
+            outcome.usage,
+            outcome.fallback,
             summary_model,
             error,
         )
 
+    async def _outcome(
+        self, job: _Job, pipeline: tuple[StrategyName, ...], budget: Budget
+    ) -> tuple[_Outcome, str | None]:
+        """The pipeline's outcome, and what the request got instead if compaction failed."""
+        if job.conversation.skip is not None:
+            logger.info("forwarding %s as received: %s", job.model, job.conversation.skip)
+            return _Outcome(as_received(job.conversation.messages), job.body), None
+        try:
+            return await self._compact(job, pipeline, budget), None
+        except Exception as exc:  # any compaction bug: fall back, never a 500
+            logger.exception("compaction failed for %s, falling back to trim", job.model)
+            return await self._fallback(exc, job, pipeline, budget)
+
     async def _fallback(
-        self,
-        exc: Exception,
-        body: dict[str, Any],
-        pipeline: tuple[StrategyName, ...],
-        budget: Budget,
-        model: str,
-    ) -> tuple[tuple[CompactionResult, SummaryUsage, str | None], str]:
+        self, exc: Exception, job: _Job, pipeline: tuple[StrategyName, ...], budget: Budget
+    ) -> tuple[_Outcome, str]:
         """After an unexpected error in compaction: plain `trim` (nothing when the request asked
         for no compaction), or if that fails too, the messages as received. The string says what
         the request got and why."""
         why = f"{type(exc).__name__} in compaction"
-        messages = body["messages"]
         trimmed: tuple[StrategyName, ...] = ("trim",) if pipeline else ()
         try:
-            result = await offload(
-                messages,
-                lambda: compact(
-                    messages,
-                    trimmed,
-                    budget,
-                    lambda m: self._counter.count_message(model, m),
-                    self._counter.count_fixed(model, body),
-                ),
+            fixed = job.count_fixed()
+            compaction = partial(
+                compact, job.conversation.messages, trimmed, budget, job.count, fixed
             )
+            outcome = job.rendered(await offload(job.conversation.messages, compaction))
         except Exception:
-            logger.exception("trim failed too for %s; forwarding the messages as received", model)
-            return (as_received(messages), SummaryUsage(), None), f"none: {why}"
-        return (result, SummaryUsage(), None), f"{trimmed[0] if trimmed else 'none'}: {why}"
+            logger.exception(
+                "trim failed too for %s; forwarding the messages as received", job.model
+            )
+            return _Outcome(as_received(job.conversation.messages), job.body), f"none: {why}"
+        return outcome, f"{trimmed[0] if trimmed else 'none'}: {why}"
 
     async def _compact(
-        self,
-        body: dict[str, Any],
-        pipeline: tuple[StrategyName, ...],
-        budget: Budget,
-        model: str,
-        summary_model: str,
-        base_url: str,
-        headers: Mapping[str, str],
-    ) -> tuple[CompactionResult, SummaryUsage, str | None]:
+        self, job: _Job, pipeline: tuple[StrategyName, ...], budget: Budget
+    ) -> _Outcome:
         """Run the pipeline; `summarize` asks the upstream, and falls back to `trim`."""
-        messages = body["messages"]
-
-        def count(message: Mapping[str, Any]) -> int:
-            return self._counter.count_message(model, message)
-
-        fixed = await offload(messages, partial(self._counter.count_fixed, model, body))
-        compaction = partial(compact, messages, pipeline, budget, count, fixed)
+        messages = job.conversation.messages
+        fixed = await offload(messages, job.count_fixed)
+        compaction = partial(compact, messages, pipeline, budget, job.count, fixed)
         if "summarize" not in pipeline or self._summaries is None or self._completer_for is None:
-            return await offload(messages, compaction), SummaryUsage(), None
+            return job.rendered(await offload(messages, compaction))
         reserved = summary_budget(budget.goal)
         the_plan = await offload(
-            messages, partial(plan, messages, pipeline, budget, count, fixed, reserved)
+            messages, partial(plan, messages, pipeline, budget, job.count, fixed, reserved)
         )
         if not the_plan.summarize:
-            result = await offload(
-                messages, partial(compaction, summary="", summary_tokens=reserved, planned=the_plan)
-            )
-            return result, SummaryUsage(), None
-        window = await self._windows.window_for(summary_model, base_url)
-        job = SummaryJob(
+            planned = partial(compaction, summary="", summary_tokens=reserved, planned=the_plan)
+            return job.rendered(await offload(messages, planned))
+        window = await self._windows.window_for(job.summary_model, job.base_url)
+        summary = SummaryJob(
             messages=messages,
             plan=the_plan,
-            model=summary_model,
-            complete=self._completer_for(summary_model, headers),
+            model=job.summary_model,
+            complete=self._completer_for(job.summary_model, job.headers),
             summary_tokens=reserved,
             chunk_tokens=max(256, window.tokens - 2 * reserved - PROMPT_OVERHEAD),
-            count_text=lambda text: self._counter.count_text(summary_model, text),
+            count_text=partial(self._counter.count_text, job.summary_model),
         )
+        text, why = await self._summary(self._summaries, summary, job.model)
+        if text is None:
+            trimmed = tuple("trim" if s == "summarize" else s for s in pipeline)
+            fallback = partial(compact, messages, trimmed, budget, job.count, fixed)
+            return job.rendered(await offload(messages, fallback), summary.usage, why)
+        summarized = partial(compaction, summary=text, summary_tokens=reserved, planned=the_plan)
+        return job.rendered(await offload(messages, summarized), summary.usage)
+
+    async def _summary(
+        self, summaries: Summaries, job: SummaryJob, model: str
+    ) -> tuple[str | None, str | None]:
+        """The summary text, or None and why it failed (the caller trims instead)."""
         deadline = self._settings.summary_timeout
         try:
             async with asyncio.timeout(deadline):
-                text = await self._summaries.summary_for(job)
+                return await summaries.summary_for(job), None
         except (SummaryFailed, TimeoutError) as exc:
             if isinstance(exc, TimeoutError):
-                self._summaries.mark_failed(job)
+                summaries.mark_failed(job)
             why = str(exc) if isinstance(exc, SummaryFailed) else f"summary took over {deadline:g}s"
             reason = count_fallback(job.complete, exc)  # counted in /stats and /metrics
             logger.warning("summary failed (%s) for %s, trim instead: %s", reason, model, why)
-            trimmed = tuple("trim" if s == "summarize" else s for s in pipeline)
-            result = await offload(
-                messages, partial(compact, messages, trimmed, budget, count, fixed)
-            )
-            return result, job.usage, why
-        result = await offload(
-            messages, partial(compaction, summary=text, summary_tokens=reserved, planned=the_plan)
-        )
-        return result, job.usage, None
+            return None, why
 
     def _strategies(self, controls: Controls) -> tuple[StrategyName, ...] | None:
         if controls.strategies is not None:
             return controls.strategies
         return self._default_strategies
 
-    async def prepare(self, headers: Mapping[str, str], exchange: Exchange, base_url: str) -> None:
-        exchange.request_headers = {k.lower(): v for k, v in headers.items()}
-        preview = await self.plan(exchange.request_headers, exchange.body, base_url)
-        self._apply(exchange, preview)
+    async def prepare(
+        self, wire: WireFormat, headers: Mapping[str, str], body: Mapping[str, Any], base_url: str
+    ) -> Compacted:
+        """What to forward for `body` (a request as received, parsed)."""
+        return self._compacted(wire, await self.plan(headers, body, base_url, wire=wire))
 
-    def _apply(self, exchange: Exchange, preview: Preview) -> None:
+    def _compacted(self, wire: WireFormat, preview: Preview) -> Compacted:
         result = preview.result
         if result.over_budget and self._settings.on_overflow is OnOverflow.REJECT:
             raise ContextLengthExceeded(
                 f"the conversation needs {result.tokens_after} tokens after compaction, more than "
                 f"the {preview.window - preview.reserve}-token budget of this model's "
                 f"{preview.window}-token window",
-                param="messages",
+                param=HISTORY_PARAM[wire.api],
             )
-        if result.applied:
-            exchange.body = {**preview.body, "messages": list(result.messages)}
-        if result.applied or preview.changed_body:
-            exchange.forward = orjson.dumps(exchange.body)
-        exchange.tokens_before = result.tokens_before
-        exchange.tokens_after = result.tokens_after
-        exchange.context_limit = preview.window
-        exchange.strategies = tuple(result.applied)
-        exchange.summary_usage = preview.summary_usage
-        exchange.summary_model = preview.summary_model
-        exchange.headers.update(report_headers(preview))
+        view = {**preview.conversation.fixed, "messages": list(result.messages)}
+        return Compacted(
+            body=preview.forwarded,
+            forward=orjson.dumps(preview.forwarded) if preview.changed else None,
+            view=view,
+            headers=report_headers(preview),
+            tokens_before=result.tokens_before,
+            tokens_after=result.tokens_after,
+            context_limit=preview.window,
+            strategies=result.applied,
+            summary_usage=preview.summary_usage,
+            summary_model=preview.summary_model,
+        )
 
-    async def recover(self, exchange: Exchange, base_url: str, status: int, content: bytes) -> bool:
-        """After an upstream overflow error: learn the window it states, recalibrate the counter
-        on the prompt size it states (DESIGN.md §8), and compact again. True (retry once) only
-        when that changes what is sent: the same prompt would fail the same way."""
+    async def recover(
+        self,
+        wire: WireFormat,
+        headers: Mapping[str, str],
+        body: Mapping[str, Any],
+        failed: Compacted,
+        overflow: tuple[str, int, bytes],
+    ) -> Compacted | None:
+        """After an upstream overflow error (`overflow`: base URL, status, body) on `failed`:
+        learn the window it states, recalibrate the counter on the prompt size it states
+        (DESIGN.md §8), and compact `body` (as received) again. A new `Compacted` (retry once)
+        only when that changes what is sent: the same prompt would fail the same way."""
+        base_url, status, content = overflow
         info = parse_overflow(status, content)
         if info is None or (info.window is None and info.prompt_tokens is None):
-            return False
-        model = exchange.model
+            return None
+        model: str = body["model"]
         if info.window is not None:
             self._windows.learn(base_url, model, info.window)
         if info.prompt_tokens is not None:
-            self._counter.observe(model, exchange.body, info.prompt_tokens, overflowed=True)
-        preview = await self.plan(exchange.request_headers, orjson.loads(exchange.raw), base_url)
+            self._counter.observe(model, failed.view, info.prompt_tokens, overflowed=True)
+        preview = await self.plan(headers, body, base_url, wire=wire)
         if info.window is not None and info.window < preview.window:
             logger.warning(
                 "upstream says %s holds %d tokens, but the %s limit of %d wins",
                 model, info.window, preview.limit_source, preview.window,
             )  # fmt: skip
-        result = preview.result
-        retry = {**preview.body, "messages": list(result.messages)} if result.applied else None
-        if (retry or preview.body) == exchange.body:
+        if preview.forwarded == failed.body:
             logger.info("upstream overflow for %s: nothing more to cut, relaying it", model)
-            return False
+            return None
         logger.info(
             "upstream overflow for %s (window %s, prompt %s tokens): retrying with %d",
-            model, info.window, info.prompt_tokens, result.tokens_after,
+            model, info.window, info.prompt_tokens, preview.result.tokens_after,
         )  # fmt: skip
-        self._apply(exchange, preview)
-        if retry is None:  # what failed was compacted; the request as received is what fits now
-            exchange.body = preview.body
-            exchange.forward = orjson.dumps(preview.body) if preview.changed_body else exchange.raw
-        return True
+        return self._compacted(wire, preview)
+
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    """One request being compacted: its adapter, body, view, models and where it goes."""
+
+    wire: WireFormat
+    body: dict[str, Any]  # without control keys
+    conversation: Conversation
+    model: str
+    summary_model: str
+    base_url: str
+    headers: Mapping[str, str]
+    counter: TokenCounter
+
+    def count(self, message: Mapping[str, Any]) -> int:
+        return self.counter.count_message(self.model, message)
+
+    def count_fixed(self) -> int:
+        """The tokens of what every prompt carries whatever is cut (tools, instructions)."""
+        return self.counter.count_fixed(self.model, self.conversation.fixed)
+
+    def rendered(
+        self,
+        result: CompactionResult,
+        usage: SummaryUsage | None = None,
+        fallback: str | None = None,
+    ) -> _Outcome:
+        """The outcome of `result`: the body rendered back by the adapter when it changed."""
+        forwarded = (
+            self.wire.render(self.body, self.conversation, result.messages, result.sources)
+            if result.applied
+            else self.body
+        )
+        return _Outcome(result, forwarded, usage or SummaryUsage(), fallback)
+
+
+@dataclass(frozen=True, slots=True)
+class _Outcome:
+    result: CompactionResult
+    forwarded: dict[str, Any]
+    usage: SummaryUsage = field(default_factory=SummaryUsage)
+    fallback: str | None = None
 
 
 def _chars(message: Mapping[str, Any]) -> int:
@@ -345,11 +430,11 @@ async def offload(messages: Sequence[Mapping[str, Any]], work: Callable[[], T]) 
     pure core and the counter are thread-safe), so that no request's CPU time stalls the event
     loop — other requests and `/healthz` go on being served meanwhile."""
     if is_large(messages):
-        return await anyio.to_thread.run_sync(work)
+        return await asyncio.to_thread(work)
     return work()
 
 
-def as_received(messages: list[Any]) -> CompactionResult:
+def as_received(messages: Sequence[Mapping[str, Any]]) -> CompactionResult:
     """The result that forwards `messages` untouched, for when compaction cannot run at all
     (token counts unknown: reported as 0)."""
     nothing = Plan(
@@ -367,7 +452,14 @@ def as_received(messages: list[Any]) -> CompactionResult:
         strict=False,
     )
     return CompactionResult(
-        messages, (), 0, 0, len(messages), len(messages), False, nothing,
+        list(messages),
+        (),
+        0,
+        0,
+        len(messages),
+        len(messages),
+        False,
+        nothing,
         tuple(range(len(messages))),
     )
 

@@ -1,6 +1,14 @@
-"""Rendering the proxy's own errors as HTTP responses (the error tree itself is `app.errors`)."""
+"""Rendering the proxy's own errors as HTTP responses (the error tree itself is `app.errors`).
+
+Each compacting API renders errors in its own envelope: its route's authentication dependency
+(`app.http.state.api_client`) puts the API's `error_body` on `request.state`, and the handler
+uses it; every other route answers in OpenAI's envelope.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import orjson
 from starlette.requests import Request
@@ -8,15 +16,18 @@ from starlette.responses import Response
 
 from app.errors import ProxyError
 
+ErrorBody = Callable[[ProxyError], dict[str, Any]]
 
-def error_response(error: ProxyError) -> Response:
-    """`error` as a JSON response in OpenAI's envelope, with its class's status."""
+
+def error_response(error: ProxyError, envelope: ErrorBody = ProxyError.body) -> Response:
+    """`error` as a JSON response in `envelope` (OpenAI's by default), with its class's status."""
     return Response(
-        orjson.dumps(error.body()), status_code=error.status_code, media_type="application/json"
+        orjson.dumps(envelope(error)), status_code=error.status_code, media_type="application/json"
     )
 
 
 async def proxy_error_handler(request: Request, exc: Exception) -> Response:
-    """Render any ProxyError (registered once in the factory)."""
+    """Render any ProxyError (registered once in the factory), in the route's API envelope."""
     assert isinstance(exc, ProxyError)
-    return error_response(exc)
+    envelope: ErrorBody = getattr(request.state, "error_body", ProxyError.body)
+    return error_response(exc, envelope)

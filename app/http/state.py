@@ -8,9 +8,10 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from app.compaction.service import CompactionService
+from app.errors import Unauthorized
 from app.http.auth import KeyChecker
-from app.proxy.chat import ChatService
 from app.proxy.passthrough import PassthroughService
+from app.proxy.service import ApiService
 from app.proxy.upstream import Upstream
 from app.settings import Settings
 from app.tokens.counter import ChatTokenCounter
@@ -26,7 +27,7 @@ class AppState:
     settings: Settings
     upstream: Upstream
     keys: KeyChecker
-    chat: ChatService
+    chat: ApiService  # one `ApiService` per compacting API
     passthrough: PassthroughService
     counter: ChatTokenCounter
     windows: WindowRegistry
@@ -51,6 +52,17 @@ async def require_client(request: Request) -> str | None:
     key = state.keys.check(request.headers.get("authorization"))
     request.state.client_key_id = key
     return key
+
+
+async def api_client(request: Request, service: ApiService) -> str | None:
+    """Authenticate a request to a compacting API: its errors render in the API's envelope
+    from here on, and a refused request is still recorded (DESIGN.md §6)."""
+    request.state.error_body = service.api.error_body
+    try:
+        return await require_client(request)
+    except Unauthorized as exc:
+        await service.reject(exc, None)
+        raise
 
 
 State = Annotated[AppState, Depends(get_state)]

@@ -16,7 +16,6 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Literal
 
 import anyio
 import httpx
@@ -24,13 +23,12 @@ from starlette.background import BackgroundTask
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from app.errors import UpstreamTimeout, UpstreamUnavailable
+from app.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
 from app.proxy.sse_tap import SSETap
 from app.proxy.upstream import public_url
+from app.usage.records import Outcome
 
 logger = logging.getLogger(__name__)
-
-Outcome = Literal["completed", "client_disconnected", "upstream_error"]
 
 
 class UpstreamBodyBroken(Exception):
@@ -72,6 +70,7 @@ class RelayResponse(Response):
         raw: bool = False,
         started: float | None = None,
         on_end: Callable[[RelayResult], Awaitable[None]] | None = None,
+        error_frame: Callable[[ProxyError], bytes] = ProxyError.sse_frame,
     ) -> None:
         self.upstream = upstream
         self.status_code = status_code
@@ -81,6 +80,7 @@ class RelayResponse(Response):
         self.raw = raw
         self.started = started if started is not None else time.perf_counter()
         self.on_end = on_end
+        self.error_frame = error_frame
         self._sse = any(
             k.lower() == "content-type" and "text/event-stream" in v for k, v in headers
         )
@@ -149,7 +149,7 @@ class RelayResponse(Response):
         )
         try:
             await send(
-                {"type": "http.response.body", "body": error.sse_frame(), "more_body": False}
+                {"type": "http.response.body", "body": self.error_frame(error), "more_body": False}
             )
         except OSError:
             return

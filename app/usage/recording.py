@@ -5,14 +5,10 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import get_args
 
-from app.compaction.summary.prompt import SummaryUsage
-from app.proxy.chat import Exchange
+from app.proxy.service import Exchange
 from app.usage.records import Outcome, UsageRecord
 
-_OUTCOMES = get_args(Outcome)
-CHAT_ROUTE = "/v1/chat/completions"
 # Passthrough requests are counted per API (the first path segment after `/v1`); any other
 # segment is `other`, so a client inventing paths cannot grow the stats or the metric labels.
 PASSTHROUGH_APIS = frozenset(
@@ -66,7 +62,6 @@ def records_for(exchange: Exchange) -> list[UsageRecord]:
     now = time.time()
     request_id = uuid.uuid4().hex
     usage = exchange.usage
-    outcome: Outcome = exchange.outcome if exchange.outcome in _OUTCOMES else "upstream_error"  # type: ignore[assignment]
     records = [
         UsageRecord(
             ts=now,
@@ -76,21 +71,22 @@ def records_for(exchange: Exchange) -> list[UsageRecord]:
             client_key_id=exchange.client_key_id,
             stream=exchange.stream,
             status=exchange.status,
-            outcome=outcome,
+            outcome=exchange.outcome,
             latency_ms=(time.perf_counter() - exchange.started) * 1000,
             ttfb_ms=exchange.ttfb * 1000 if exchange.ttfb is not None else None,
             prompt_tokens=usage.prompt_tokens if usage else None,
             completion_tokens=usage.completion_tokens if usage else None,
             cached_tokens=usage.cached_tokens if usage else None,
+            cache_write_tokens=usage.cache_write_tokens if usage else None,
             tokens_before=exchange.tokens_before,
             tokens_after=exchange.tokens_after,
             strategies=exchange.strategies,
             context_limit=exchange.context_limit,
-            route=CHAT_ROUTE,
+            route=exchange.route,
         )
     ]
     summary = exchange.summary_usage
-    calls = summary.each if isinstance(summary, SummaryUsage) else ()
+    calls = summary.each if summary is not None else ()
     for prompt_tokens, completion_tokens in calls:
         records.append(
             UsageRecord(

@@ -1,0 +1,323 @@
+"""The API service: read, compact, forward, relay, record — for any compacting API.
+
+One `ApiService` serves one route (`POST /v1/chat/completions`, `/v1/responses`,
+`/v1/messages`). What differs between the APIs is an `Api` value: its routes, the `WireFormat`
+adapter the compaction service plans through, how its body is checked, how usage and errors
+read, and whether a stream must be asked for usage. A new API adds an `Api` (a module beside
+`app/proxy/chat.py`) and a route, not branches here.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from app.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
+from app.http.body import read_body
+from app.proxy.relay import RelayResponse, RelayResult, buffered_response
+from app.proxy.sse_tap import SSETap, Usage
+from app.proxy.upstream import Upstream, filter_request_headers, filter_response_headers, read_all
+from app.settings import Settings
+from app.usage.records import Outcome
+
+if TYPE_CHECKING:
+    import httpx
+
+    from app.compaction.formats import WireFormat
+    from app.compaction.service import Compacted
+    from app.compaction.summary.prompt import SummaryUsage
+
+logger = logging.getLogger(__name__)
+
+# (bytes to forward, the parsed body) -> (bytes asking for stream usage, cut the usage chunk)
+StreamUsage = Callable[[bytes, Mapping[str, Any]], tuple[bytes, bool]]
+
+
+def openai_error_body(error: ProxyError) -> dict[str, Any]:
+    """OpenAI's error envelope `{"error": {message, type, param, code}}`."""
+    return error.body()
+
+
+@dataclass(frozen=True, slots=True)
+class Api:
+    """One compacting API: its wire format and each point where APIs differ."""
+
+    route: str  # the client's path, e.g. `/v1/chat/completions` (the usage record's route)
+    upstream_path: str  # joined to the upstream's base URL, e.g. `/chat/completions`
+    wire: WireFormat  # the adapter the compaction service plans and renders through
+    parse_body: Callable[[bytes], dict[str, Any]]  # parse and check the shape (400 naming why)
+    usage: Callable[[Any], Usage | None] = Usage.from_json  # a JSON answer's `usage` value
+    stream_usage: StreamUsage | None = None  # ask a stream for usage (None: it always has it)
+    error_body: Callable[[ProxyError], dict[str, Any]] = openai_error_body  # the error envelope
+
+    def error_frame(self, error: ProxyError) -> bytes:
+        """`error` as a final SSE event, for a stream that already started."""
+        return b"event: error\ndata: " + orjson.dumps(self.error_body(error)) + b"\n\n"
+
+
+class Compactor(Protocol):
+    """Decides what is forwarded (the compaction service implements it)."""
+
+    async def prepare(
+        self, wire: WireFormat, headers: Mapping[str, str], body: Mapping[str, Any], base_url: str
+    ) -> Compacted:
+        """What to forward for `body` (the request as received, parsed)."""
+        ...
+
+    async def recover(
+        self,
+        wire: WireFormat,
+        headers: Mapping[str, str],
+        body: Mapping[str, Any],
+        failed: Compacted,
+        overflow: tuple[str, int, bytes],
+    ) -> Compacted | None:
+        """After an upstream overflow error (base URL, status, body) on what `failed` sent:
+        learn the window, recalibrate, recompact; a new value to retry once (only when what
+        would be sent differs from what failed)."""
+        ...
+
+
+@dataclass(slots=True)
+class Exchange:
+    """What one request turned into, for the response headers and the usage record."""
+
+    api: Api
+    model: str
+    stream: bool
+    raw: bytes
+    body: dict[str, Any]  # the body as the client sent it, parsed (the cost baseline)
+    request_headers: Mapping[str, str] = field(default_factory=dict)
+    client_key_id: str | None = None
+    compacted: Compacted | None = None  # what the compaction service decided to forward
+    status: int = 0
+    usage: Usage | None = None
+    outcome: Outcome = "completed"
+    ttfb: float | None = None
+    started: float = field(default_factory=time.perf_counter)
+    retried: bool = False
+
+    @property
+    def route(self) -> str:
+        return self.api.route
+
+    @property
+    def forward(self) -> bytes:
+        """The bytes that go upstream (the client's own when nothing changed)."""
+        if self.compacted is None or self.compacted.forward is None:
+            return self.raw
+        return self.compacted.forward
+
+    @property
+    def sent(self) -> Mapping[str, Any]:
+        """The body that goes upstream, parsed."""
+        return self.body if self.compacted is None else self.compacted.body
+
+    @property
+    def view(self) -> Mapping[str, Any] | None:
+        """The chat-shaped view of what was sent (for calibrating the counter), if compacted."""
+        return None if self.compacted is None else self.compacted.view
+
+    @property
+    def tokens_before(self) -> int:
+        return 0 if self.compacted is None else self.compacted.tokens_before
+
+    @property
+    def tokens_after(self) -> int:
+        return 0 if self.compacted is None else self.compacted.tokens_after
+
+    @property
+    def context_limit(self) -> int | None:
+        return None if self.compacted is None else self.compacted.context_limit
+
+    @property
+    def strategies(self) -> tuple[str, ...]:
+        return () if self.compacted is None else self.compacted.strategies
+
+    @property
+    def summary_usage(self) -> SummaryUsage | None:
+        return None if self.compacted is None else self.compacted.summary_usage
+
+    @property
+    def summary_model(self) -> str | None:
+        return None if self.compacted is None else self.compacted.summary_model
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        """The `X-Compaction-*` report headers added to the response."""
+        return {} if self.compacted is None else self.compacted.headers
+
+
+ExchangeHook = Callable[[Exchange], Awaitable[None]]
+
+
+def usage_from_json(
+    content: bytes, read: Callable[[Any], Usage | None] = Usage.from_json
+) -> Usage | None:
+    """The usage of a JSON answer, read by the API's `read`; None when there is none."""
+    try:
+        data = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        return None
+    return read(data.get("usage")) if isinstance(data, dict) else None
+
+
+class ApiService:
+    """Handles one compacting API's route end to end."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        upstream: Upstream,
+        api: Api,
+        compactor: Compactor,
+        *,
+        on_done: ExchangeHook | None = None,
+    ) -> None:
+        self.api = api
+        self._settings = settings
+        self._upstream = upstream
+        self._compactor = compactor
+        self._on_done = on_done
+
+    async def handle(self, request: Request, client_key_id: str | None = None) -> Response:
+        started = time.perf_counter()
+        try:
+            raw = await read_body(request, self._settings.max_body_bytes)
+            body = self.api.parse_body(raw)
+        except ProxyError as exc:
+            await self.reject(exc, client_key_id, started)
+            raise
+        exchange = Exchange(
+            self.api,
+            model=body["model"],
+            stream=body.get("stream") is True,
+            raw=raw,
+            body=body,
+            request_headers=request.headers,
+            client_key_id=client_key_id,
+            started=started,
+        )
+        try:
+            return await self._forward(request, exchange)
+        except ProxyError as exc:
+            if not exchange.status:  # not recorded yet: refused by the proxy, or upstream broke
+                exchange.status = exc.status_code
+                upstream_failed = isinstance(exc, UpstreamTimeout | UpstreamUnavailable)
+                exchange.outcome = "upstream_error" if upstream_failed else "rejected"
+                await self._finish(exchange)
+            raise
+
+    async def reject(
+        self, error: ProxyError, client_key_id: str | None, started: float | None = None
+    ) -> None:
+        """Record a request refused before its body was read (401, 413, bad JSON or shape)."""
+        await self._finish(
+            Exchange(
+                self.api,
+                model="",
+                stream=False,
+                raw=b"",
+                body={},
+                client_key_id=client_key_id,
+                status=error.status_code,
+                outcome="rejected",
+                started=started if started is not None else time.perf_counter(),
+            )
+        )
+
+    async def _forward(self, request: Request, exchange: Exchange) -> Response:
+        """Compact, send (retrying once after an overflow the compactor recovers), relay."""
+        route = self._upstream.route(exchange.model)
+        wire = self.api.wire
+        exchange.compacted = await self._compactor.prepare(
+            wire, exchange.request_headers, exchange.body, route.base_url
+        )
+        headers = filter_request_headers(
+            request.headers.items(), api_key=route.api_key, identity=True
+        )
+        url = self._upstream.url(route, self.api.upstream_path, request.url.query.encode())
+        while True:
+            forward, tap = self._with_stream_usage(exchange)
+            upstream = await self._upstream.send("POST", url, headers, forward)
+            if upstream.status_code < 400 and tap is not None:
+                return self._relay_stream(exchange, upstream, tap)
+            content = await read_all(upstream)
+            if upstream.status_code >= 400 and not exchange.retried:
+                retry = await self._compactor.recover(
+                    wire,
+                    exchange.request_headers,
+                    exchange.body,
+                    exchange.compacted,
+                    (route.base_url, upstream.status_code, content),
+                )
+                if retry is not None:
+                    exchange.compacted = retry
+                    exchange.retried = True
+                    continue
+            return await self._buffered(exchange, upstream, content)
+
+    async def _buffered(
+        self, exchange: Exchange, upstream: httpx.Response, content: bytes
+    ) -> Response:
+        """A complete answer (or an upstream error), recorded and relayed."""
+        exchange.status = upstream.status_code
+        exchange.ttfb = time.perf_counter() - exchange.started
+        if upstream.status_code >= 400:
+            exchange.outcome = "upstream_error"
+        else:
+            exchange.usage = usage_from_json(content, self.api.usage)
+        await self._finish(exchange)
+        return buffered_response(
+            content, upstream.status_code, self._response_headers(exchange, upstream)
+        )
+
+    def _with_stream_usage(self, exchange: Exchange) -> tuple[bytes, SSETap | None]:
+        """The bytes to send, asking for stream usage when the API needs it (DESIGN.md §6)."""
+        if not exchange.stream:
+            return exchange.forward, None
+        if self.api.stream_usage is None:
+            return exchange.forward, SSETap()
+        forward, strip = self.api.stream_usage(exchange.forward, exchange.sent)
+        return forward, SSETap(strip_usage_chunk=strip)
+
+    @staticmethod
+    def _response_headers(exchange: Exchange, upstream: httpx.Response) -> list[tuple[str, str]]:
+        relayed = [
+            (k, v)
+            for k, v in filter_response_headers(upstream.headers)
+            if k.lower() != "content-encoding"
+        ]
+        return relayed + list(exchange.headers.items())
+
+    def _relay_stream(
+        self, exchange: Exchange, upstream: httpx.Response, tap: SSETap
+    ) -> RelayResponse:
+        exchange.status = upstream.status_code
+
+        async def on_end(result: RelayResult) -> None:
+            exchange.outcome = result.outcome
+            exchange.ttfb = result.ttfb
+            exchange.usage = tap.usage
+            await self._finish(exchange)
+
+        return RelayResponse(
+            upstream,
+            status_code=upstream.status_code,
+            headers=self._response_headers(exchange, upstream),
+            tap=tap,
+            started=exchange.started,
+            on_end=on_end,
+            error_frame=self.api.error_frame,
+        )
+
+    async def _finish(self, exchange: Exchange) -> None:
+        if self._on_done is not None:
+            await self._on_done(exchange)

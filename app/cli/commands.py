@@ -142,6 +142,7 @@ def _count(args: argparse.Namespace) -> int:
     import orjson
 
     from app.cli.simulate import load_messages
+    from app.windows.registry import WindowRegistry
     from app.windows.table import ModelTable, output_reserve
 
     messages, model_in_file = load_messages(Path(args.file))
@@ -150,8 +151,8 @@ def _count(args: argparse.Namespace) -> int:
     body = body if isinstance(body, dict) else {"messages": messages}
     counter = _counter()
     table = ModelTable.load(config_file(_config_dir(args.config), "models.toml"))
-    entry = table.lookup(model)
-    window = entry.context_window if entry is not None else table.fallback_window
+    known = WindowRegistry(table, discover=None).known_window(model, "")
+    window = known.tokens
     tokens = counter.count_request(model, body)
     reserve = output_reserve(body, window)
     result = {
@@ -159,7 +160,7 @@ def _count(args: argparse.Namespace) -> int:
         "prompt_tokens": tokens,
         "messages": len(messages),
         "context_limit": window,
-        "limit_source": "table" if entry is not None else "fallback",
+        "limit_source": known.source.value,
         "output_reserve": reserve,
         "usage_ratio": round(tokens / max(1, window - reserve), 4),
         "exact": counter.is_exact(model),
@@ -170,9 +171,10 @@ def _count(args: argparse.Namespace) -> int:
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    from app.cli.simulate import load_messages, plot, simulate, window_for
+    from app.cli.simulate import load_messages, plot, simulate
     from app.compaction.policy import parse_strategy
     from app.errors import InvalidControl
+    from app.windows.registry import WindowRegistry
     from app.windows.table import ModelTable
 
     try:
@@ -182,12 +184,13 @@ def _simulate(args: argparse.Namespace) -> int:
         return 2
     counter = _counter()
     table = ModelTable.load(config_file(_config_dir(args.config), "models.toml"))
+    windows = WindowRegistry(table, discover=None)
     results = {}
     window = 0
     for name in args.traces:
         messages, model_in_file = load_messages(Path(name))
         model = args.model or model_in_file or "gpt-4o"
-        window = window_for(model, table, args.context_limit)
+        window = windows.known_window(model, "", setting_limit=args.context_limit).tokens
         turns = simulate(messages, model, window, strategies, counter)
         results[Path(name).stem] = turns
         print(f"\n{name}: model {model}, window {window}, strategy {args.strategy}")

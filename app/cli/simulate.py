@@ -12,7 +12,7 @@ from typing import Any
 from app.compaction.engine import compact
 from app.compaction.policy import Budget, StrategyName, resolve_pipeline
 from app.tokens.counter import TokenCounter
-from app.windows.table import ModelTable, output_reserve
+from app.windows.table import output_reserve
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,13 +94,6 @@ def simulate(
         )
         previous = out
     return turns
-
-
-def window_for(model: str, table: ModelTable, forced: int | None) -> int:
-    if forced is not None:
-        return forced
-    entry = table.lookup(model)
-    return entry.context_window if entry is not None else table.fallback_window
 
 
 def plot(turns_by_name: Mapping[str, Sequence[Turn]], window: int, out: Path) -> None:

@@ -131,6 +131,26 @@ class WindowRegistry:
         except DiscoveryAbandoned:  # the caller running it was cancelled: unknown this time
             return None
 
+    def known_window(
+        self,
+        model: str,
+        base_url: str,
+        *,
+        header_limit: int | None = None,
+        setting_limit: int | None = None,
+        discovered: int | None = None,
+    ) -> Window:
+        """The window from what is known without asking the upstream (all the CLI has)."""
+        entry = self._table.lookup(model)
+        return resolve_window(
+            header=header_limit,
+            setting=setting_limit,
+            learned=self._learned.get((base_url, model)),
+            discovered=discovered,
+            table=entry.context_window if entry is not None else None,
+            fallback=self._table.fallback_window,
+        )
+
     async def window_for(
         self,
         model: str,
@@ -140,19 +160,16 @@ class WindowRegistry:
         setting_limit: int | None = None,
     ) -> Window:
         """The window for `model` at `base_url`; discovery runs only when it could matter."""
-        learned = self._learned.get((base_url, model))
         forced = header_limit is not None or setting_limit is not None
         discovered = (
             None
-            if forced or learned is not None
+            if forced or (base_url, model) in self._learned
             else await self._discovered_window(base_url, model)
         )
-        entry = self._table.lookup(model)
-        return resolve_window(
-            header=header_limit,
-            setting=setting_limit,
-            learned=learned,
+        return self.known_window(
+            model,
+            base_url,
+            header_limit=header_limit,
+            setting_limit=setting_limit,
             discovered=discovered,
-            table=entry.context_window if entry is not None else None,
-            fallback=self._table.fallback_window,
         )

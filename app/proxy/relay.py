@@ -25,7 +25,7 @@ from starlette.types import Receive, Scope, Send
 
 from app.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
 from app.proxy.sse_tap import SSETap
-from app.proxy.upstream import public_url
+from app.proxy.upstream import public_url, translate
 from app.usage.records import Outcome
 
 logger = logging.getLogger(__name__)
@@ -126,27 +126,27 @@ class RelayResponse(Response):
             await send({"type": "http.response.body", "body": tail, "more_body": False})
             progress.finished = True
         except (httpx.HTTPError, UpstreamTimeout, UpstreamUnavailable) as exc:
-            where = public_url(self.upstream.request.url)
             if progress.finished:  # the answer is complete; only the upstream's close failed
+                where = public_url(self.upstream.request.url)
                 logger.info("upstream %s broke after the final event: %s", where, exc)
                 await _end_body(send)
                 return None
             progress.outcome = "upstream_error"
-            logger.warning("upstream %s stream broke: %s: %s", where, type(exc).__name__, exc)
+            error = (
+                translate(exc, self.upstream.request.url, "stream")
+                if isinstance(exc, httpx.HTTPError)
+                else exc
+            )
             if not self._sse:
-                return exc
-            await self._send_error(send, exc, where)
+                return error
+            await self._send_error(send, error)
         except OSError:
             if not progress.finished:
                 progress.outcome = "client_disconnected"
         return None
 
-    async def _send_error(self, send: Send, exc: Exception, where: str) -> None:
-        error: UpstreamTimeout | UpstreamUnavailable = (
-            UpstreamTimeout(f"upstream {where} timed out during the stream")
-            if isinstance(exc, httpx.TimeoutException)
-            else UpstreamUnavailable(f"upstream {where} stream broke ({type(exc).__name__})")
-        )
+    async def _send_error(self, send: Send, error: ProxyError) -> None:
+        """End an SSE stream that already started with `error` as its last event."""
         try:
             await send(
                 {"type": "http.response.body", "body": self.error_frame(error), "more_body": False}

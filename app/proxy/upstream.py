@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from http.cookiejar import Cookie, CookieJar
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import anyio
 import httpx
@@ -48,6 +49,41 @@ def public_url(url: str | httpx.URL) -> str:
     host = f"[{parsed.host}]" if ":" in parsed.host else parsed.host  # IPv6 literal
     port = f":{parsed.port}" if parsed.port is not None else ""
     return f"{parsed.scheme}://{host}{port}{parsed.path}"
+
+
+UpstreamError = UpstreamTimeout | UpstreamUnavailable
+# How httpx's exceptions become the proxy's (as httpx maps httpcore's): the first match wins.
+ERROR_MAP: tuple[tuple[type[httpx.HTTPError], type[UpstreamError]], ...] = (
+    (httpx.TimeoutException, UpstreamTimeout),
+    (httpx.HTTPError, UpstreamUnavailable),  # refused, reset, protocol or decoding errors
+)
+Stage = Literal["connect", "answer", "stream"]
+# What happened, by stage of the exchange and the error it became.
+_WORDING: dict[Stage, dict[type[UpstreamError], str]] = {
+    "connect": {UpstreamTimeout: "timed out", UpstreamUnavailable: "unreachable"},
+    "answer": {
+        UpstreamTimeout: "timed out while sending its answer",
+        UpstreamUnavailable: "broke while answering",
+    },
+    "stream": {UpstreamTimeout: "timed out during the stream", UpstreamUnavailable: "stream broke"},
+}
+
+
+def translate(exc: httpx.HTTPError, url: str | httpx.URL, stage: Stage) -> UpstreamError:
+    """The proxy error an httpx failure at `stage` of a request to `url` becomes."""
+    kind = next(target for source, target in ERROR_MAP if isinstance(exc, source))
+    what = f"upstream {public_url(url)} {_WORDING[stage][kind]}"
+    logger.warning("%s: %s: %s", what, type(exc).__name__, exc)
+    return kind(f"{what} ({type(exc).__name__})")
+
+
+@contextmanager
+def upstream_errors(url: str | httpx.URL, stage: Stage) -> Iterator[None]:
+    """Raise httpx failures inside the block as `UpstreamTimeout` / `UpstreamUnavailable`."""
+    try:
+        yield
+    except httpx.HTTPError as exc:
+        raise translate(exc, url, stage) from exc
 
 
 class _NoCookieJar(CookieJar):
@@ -174,18 +210,8 @@ class Upstream:
         request = self.client.build_request(method, url, headers=headers, content=content)
         if deadline is not None:
             request.extensions["timeout"] = httpx.Timeout(deadline).as_dict()
-        try:
+        with upstream_errors(request.url, "connect"):
             return await self.client.send(request, stream=True)
-        except httpx.TimeoutException as exc:
-            where = public_url(request.url)
-            logger.warning("upstream %s timed out: %s: %s", where, type(exc).__name__, exc)
-            raise UpstreamTimeout(f"upstream {where} timed out ({type(exc).__name__})") from exc
-        except httpx.TransportError as exc:
-            where = public_url(request.url)
-            logger.warning("upstream %s unreachable: %s: %s", where, type(exc).__name__, exc)
-            raise UpstreamUnavailable(
-                f"upstream {where} unreachable ({type(exc).__name__})"
-            ) from exc
 
     async def fetch_json(self, method: str, url: str, json: Any | None = None) -> Any | None:
         """A short, never-fatal JSON probe (window discovery, readiness); None on any failure."""
@@ -221,17 +247,8 @@ class Upstream:
 async def read_all(response: httpx.Response) -> bytes:
     """Read an upstream body fully, translating transport errors; always closes it."""
     try:
-        return await response.aread()
-    except httpx.TimeoutException as exc:
-        where = public_url(response.request.url)
-        logger.warning("upstream %s timed out while answering: %s", where, type(exc).__name__)
-        raise UpstreamTimeout(f"upstream {where} timed out while sending its answer") from exc
-    except httpx.TransportError as exc:
-        where = public_url(response.request.url)
-        logger.warning("upstream %s broke while answering: %s: %s", where, type(exc).__name__, exc)
-        raise UpstreamUnavailable(
-            f"upstream {where} broke while answering ({type(exc).__name__})"
-        ) from exc
+        with upstream_errors(response.request.url, "answer"):
+            return await response.aread()
     finally:
         await response.aclose()
 

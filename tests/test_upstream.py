@@ -1,0 +1,85 @@
+"""The upstream pool's error translation: one table maps every httpx failure to the proxy's
+`UpstreamTimeout` (504) or `UpstreamUnavailable` (502), at every stage of an exchange."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from app.errors import UpstreamTimeout, UpstreamUnavailable
+from app.proxy.upstream import Upstream, read_all, translate, upstream_errors
+from tests.conftest import make_settings
+
+pytestmark = pytest.mark.anyio
+URL = "http://user:secret@upstream.test/v1/chat/completions?key=k"
+
+FAILURES: list[tuple[type[httpx.HTTPError], type[Exception]]] = [
+    (httpx.ConnectTimeout, UpstreamTimeout),
+    (httpx.ReadTimeout, UpstreamTimeout),
+    (httpx.PoolTimeout, UpstreamTimeout),
+    (httpx.ConnectError, UpstreamUnavailable),
+    (httpx.ReadError, UpstreamUnavailable),
+    (httpx.RemoteProtocolError, UpstreamUnavailable),
+    (httpx.DecodingError, UpstreamUnavailable),
+]
+
+
+@pytest.mark.parametrize(("raised", "expected"), FAILURES)
+async def test_send_translates_every_httpx_failure(
+    tmp_path: Path, raised: type[httpx.HTTPError], expected: type[Exception]
+) -> None:
+    def fail(request: httpx.Request) -> httpx.Response:
+        raise raised("boom", request=request)
+
+    upstream = Upstream(make_settings(tmp_path), transport=httpx.MockTransport(fail))
+    with pytest.raises(expected) as caught:
+        await upstream.send("POST", URL, [], b"{}")
+    assert caught.value.message.startswith("upstream http://upstream.test/v1/chat/completions ")
+    assert "secret" not in caught.value.message
+    assert "key=k" not in caught.value.message
+    await upstream.aclose()
+
+
+class _Broken(httpx.AsyncByteStream):
+    def __init__(self, error: httpx.HTTPError) -> None:
+        self.error = error
+        self.closed = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield b'{"partial'
+        raise self.error
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+@pytest.mark.parametrize(("raised", "expected"), FAILURES)
+async def test_reading_the_answer_translates_and_closes(
+    raised: type[httpx.HTTPError], expected: type[Exception]
+) -> None:
+    request = httpx.Request("POST", URL)
+    stream = _Broken(raised("boom", request=request))
+    response = httpx.Response(200, stream=stream, request=request)
+    with pytest.raises(expected, match="while"):
+        await read_all(response)
+    assert stream.closed
+
+
+def test_other_errors_pass_through() -> None:
+    with (
+        pytest.raises(ValueError, match="not an upstream failure"),
+        upstream_errors(URL, "connect"),
+    ):
+        raise ValueError("not an upstream failure")
+
+
+def test_the_stage_names_what_broke() -> None:
+    request = httpx.Request("GET", URL)
+    error = translate(httpx.ReadError("reset", request=request), URL, "stream")
+    assert (
+        error.message
+        == "upstream http://upstream.test/v1/chat/completions stream broke (ReadError)"
+    )

@@ -402,3 +402,20 @@ def test_rendered_changes_keep_the_responses_shape() -> None:
     assert summary["role"] == "assistant"
     assert summary["content"].startswith(SUMMARY_PREFIX)
     assert out["input"][2]["role"] == "user"
+
+
+def test_instructions_count_like_a_leading_system_message() -> None:
+    """`instructions` are in every prompt: the counter's fixed part counts them (and a system
+    prompt stands first, so templates add no default one)."""
+    from app.tokens.counter import ChatTokenCounter, has_system
+    from app.tokens.encodings import load_encodings
+
+    counter = ChatTokenCounter(load_encodings())
+    text = "You are a careful coding agent. Run the tests before you answer. " * 20
+    bare = FORMAT.conversation({"model": "gpt-4.1", "input": [USER]})
+    told = FORMAT.conversation({"model": "gpt-4.1", "instructions": text, "input": [USER]})
+    extra = counter.count_fixed("gpt-4.1", told.fixed) - counter.count_fixed("gpt-4.1", bare.fixed)
+    alone = counter.count_message("gpt-4.1", {"role": "system", "content": text})
+    assert extra == alone
+    assert has_system({**told.fixed, "messages": list(told.messages)})
+    assert not has_system({**bare.fixed, "messages": list(bare.messages)})

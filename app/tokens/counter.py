@@ -312,6 +312,11 @@ class ChatTokenCounter:
                 total += self._text(encoding, orjson.dumps(value).decode())
             elif isinstance(value, str) and value not in ("auto", "none", "text"):
                 total += self._text(encoding, value)
+        for field_name in ("instructions", "system"):  # Responses and Messages: a system prompt
+            value = body.get(field_name)
+            if value:
+                total += PER_MESSAGE + self._text(encoding, "system")
+                total += self._content(encoding, "", value)
         return total
 
     def raw_request(self, model: str, body: Mapping[str, Any]) -> int:
@@ -384,8 +389,11 @@ class ChatTokenCounter:
 
 
 def has_system(body: Mapping[str, Any]) -> bool:
-    """True when the request opens with a system (or developer) message: templates such as
-    Qwen's insert a default system prompt otherwise."""
+    """True when the request opens with a system prompt — a system (or developer) message, or
+    top-level `instructions` (Responses) or `system` (Messages): templates such as Qwen's
+    insert a default system prompt otherwise."""
+    if body.get("instructions") or body.get("system"):  # Responses, Messages
+        return True
     messages = body.get("messages")
     first = messages[0] if isinstance(messages, list) and messages else None
     return isinstance(first, Mapping) and first.get("role") in ("system", "developer")

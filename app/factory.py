@@ -81,8 +81,9 @@ def _compaction(
     table: ModelTable,
     counter: ChatTokenCounter,
     summary_stats: SummaryStats,
-) -> tuple[CompactionService, WindowRegistry, SummaryCache]:
-    """The compaction service with its window registry and summary cache (closed at shutdown)."""
+) -> tuple[CompactionService, SummaryCache]:
+    """The compaction service (with its window registry) and the summary cache (closed at
+    shutdown)."""
 
     async def discover(base_url: str, model: str) -> int | None:
         return await discover_window(upstream, base_url, model)
@@ -97,7 +98,7 @@ def _compaction(
         return CountedCompleter(complete, summary_stats)
 
     compactor = CompactionService(settings, counter, windows, summaries, completer_for)
-    return compactor, windows, cache
+    return compactor, cache
 
 
 def _lifespan(state: AppState, cache: SummaryCache) -> Lifespan:
@@ -132,7 +133,7 @@ def create_app(
     encodings = load_encodings()
     counter = ChatTokenCounter(encodings, table)
     summary_stats = SummaryStats()
-    compactor, windows, cache = _compaction(settings, upstream, table, counter, summary_stats)
+    compactor, cache = _compaction(settings, upstream, table, counter, summary_stats)
 
     meter = CostMeter(PriceTable.load(settings.config_file("prices.toml")))
     store = store if store is not None else open_store(settings.database_url)
@@ -159,7 +160,6 @@ def create_app(
         chat=ApiService(settings, upstream, CHAT_API, compactor, on_done=on_done),
         passthrough=PassthroughService(settings, upstream, record=submit),
         counter=counter,
-        windows=windows,
         compactor=compactor,
         store=store,
         queue=queue,

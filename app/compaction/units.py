@@ -141,15 +141,6 @@ def is_strict_alternation(messages: Sequence[Mapping[str, Any]]) -> bool:
     )
 
 
-def role_order_problems(messages: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Why a strict chat template would reject these messages (empty when it accepts them)."""
-    if is_strict_alternation(messages):
-        return []
-    at = strict_prefix(messages)
-    where = f" (messages[{at}])" if at < len(messages) else ""
-    return [f"roles do not alternate system?/user/assistant/user/...{where}"]
-
-
 @dataclass(frozen=True, slots=True)
 class UnitRoles:
     """The roles of a message list's units that compaction must respect, found once."""

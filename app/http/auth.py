@@ -31,10 +31,6 @@ class KeyChecker:
     def __init__(self, keys: Sequence[SecretStr]) -> None:
         self._digests = [hashlib.sha256(k.get_secret_value().encode()).digest() for k in keys]
 
-    @property
-    def enabled(self) -> bool:
-        return bool(self._digests)
-
     def check(self, authorization: str | None) -> str | None:
         """Raise 401 unless the header carries a configured key (when keys are configured)."""
         token = bearer_token(authorization)

@@ -95,8 +95,9 @@ def nested_deeper(raw: bytes, limit: int) -> bool:
     return _height(scalars, limit + 1) > limit
 
 
-def parse_chat_body(raw: bytes) -> dict[str, Any]:
-    """Parse and check the shape of a chat completions request (400 naming what is wrong)."""
+def parse_model_body(raw: bytes) -> dict[str, Any]:
+    """Parse a request body that names its model: a JSON object, not too deep, with a
+    non-empty `model` string (400 naming what is wrong)."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -108,6 +109,18 @@ def parse_chat_body(raw: bytes) -> dict[str, Any]:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise BadRequest("'model' must be a non-empty string", param="model")
+    return body
+
+
+def check_stream(body: dict[str, Any]) -> None:
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool) and stream is not None:
+        raise BadRequest("'stream' must be a boolean", param="stream")
+
+
+def parse_chat_body(raw: bytes) -> dict[str, Any]:
+    """Parse and check the shape of a chat completions request (400 naming what is wrong)."""
+    body = parse_model_body(raw)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("'messages' must be a non-empty array", param="messages")
@@ -132,9 +145,7 @@ def parse_chat_body(raw: bytes) -> dict[str, Any]:
                 f"messages[{i}].tool_calls must be an array of objects",
                 param=f"messages[{i}].tool_calls",
             )
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool) and stream is not None:
-        raise BadRequest("'stream' must be a boolean", param="stream")
+    check_stream(body)
     return body
 
 

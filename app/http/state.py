@@ -17,7 +17,6 @@ from app.settings import Settings
 from app.tokens.counter import ChatTokenCounter
 from app.usage.metrics import Metrics
 from app.usage.records import UsageQueue, UsageStore
-from app.windows.registry import WindowRegistry
 
 
 @dataclass(slots=True)
@@ -30,7 +29,6 @@ class AppState:
     chat: ApiService  # one `ApiService` per compacting API
     passthrough: PassthroughService
     counter: ChatTokenCounter
-    windows: WindowRegistry
     compactor: CompactionService
     store: UsageStore
     queue: UsageQueue

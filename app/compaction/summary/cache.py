@@ -8,7 +8,6 @@ key, across replicas with a short Redis lock that the others wait on.
 from __future__ import annotations
 
 import asyncio
-import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -17,8 +16,6 @@ from typing import Protocol
 from app.compaction.summary.prompt import SummaryFailed
 from app.flight import SingleFlight
 from app.lru import BoundedLRU
-
-logger = logging.getLogger(__name__)
 
 PREFIX = "inflight:summary:"
 RELEASE_IF_OWNER = """

@@ -10,15 +10,12 @@ back to `trim`.
 from __future__ import annotations
 
 import hashlib
-import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
-
-logger = logging.getLogger(__name__)
 
 MARKER = "\n---\n"
 TOOL_OUTPUT_CHARS = 2_000
@@ -122,20 +119,6 @@ def chunk_transcript(
     return chunks
 
 
-def span_key(
-    messages: Sequence[Mapping[str, Any]], model: str, prompt: SummaryPrompt, previous: str | None
-) -> str:
-    """Cache key: hash of (summarised span, model, prompt version, previous summary)."""
-    h = hashlib.sha256()
-    h.update(model.encode())
-    h.update(b"\0" + prompt.version.encode() + b"\0")
-    h.update(hashlib.sha256((previous or "").encode()).digest())
-    for message in messages:
-        h.update(orjson.dumps(message, option=orjson.OPT_SORT_KEYS))
-        h.update(b"\0")
-    return h.hexdigest()
-
-
 @dataclass(frozen=True, slots=True)
 class SummaryUsage:
     """Tokens spent by summary calls (reported in headers and usage records)."""
@@ -173,7 +156,8 @@ def parse_summary(status: int, content: bytes, max_chars: int) -> tuple[str, Sum
         raise SummaryFailed(f"summariser returned {len(text)} chars, over the {max_chars} cap")
     usage = data.get("usage") if isinstance(data, dict) else None
     usage = usage if isinstance(usage, dict) else {}
-    prompt, completion = int(usage.get("prompt_tokens") or 0), int(
-        usage.get("completion_tokens") or 0
+    prompt, completion = (
+        int(usage.get("prompt_tokens") or 0),
+        int(usage.get("completion_tokens") or 0),
     )
     return text.strip(), SummaryUsage(1, prompt, completion, ((prompt, completion),))

@@ -12,7 +12,6 @@ summariser's window. Any failure — error status, timeout, empty or oversized a
 from __future__ import annotations
 
 import hashlib
-import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,8 +30,6 @@ from app.compaction.summary.prompt import (
     parse_summary,
 )
 from app.lru import BoundedLRU
-
-logger = logging.getLogger(__name__)
 
 TextCounter = Callable[[str], int]
 

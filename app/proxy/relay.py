@@ -19,7 +19,6 @@ from dataclasses import dataclass
 
 import anyio
 import httpx
-from starlette.background import BackgroundTask
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
@@ -56,9 +55,10 @@ def buffered_response(content: bytes, status_code: int, headers: list[tuple[str,
 
 
 class RelayResponse(Response):
-    """ASGI response: status and headers now, then the upstream body chunk by chunk."""
+    """ASGI response: status and headers now, then the upstream body chunk by chunk.
 
-    background: BackgroundTask | None = None
+    A `Response` (FastAPI returns those as they are) whose `__call__` relays instead of sending
+    a body; its headers are a list, so repeated names (`Set-Cookie`) survive."""
 
     def __init__(
         self,
@@ -72,9 +72,8 @@ class RelayResponse(Response):
         on_end: Callable[[RelayResult], Awaitable[None]] | None = None,
         error_frame: Callable[[ProxyError], bytes] = ProxyError.sse_frame,
     ) -> None:
+        super().__init__(status_code=status_code)
         self.upstream = upstream
-        self.status_code = status_code
-        self.relay_headers = headers
         self.raw_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers]
         self.tap = tap
         self.raw = raw

@@ -117,8 +117,8 @@ class ModelTable(BaseModel):
 
 def output_reserve(body: Mapping[str, Any], window: int) -> int:
     """Tokens kept free for the answer: the request's own `max_completion_tokens` /
-    `max_tokens` / `max_output_tokens` (Responses) (capped below the window), else 16 % of the window within [1024, 32768] and
-    never more than half of it."""
+    `max_tokens` / `max_output_tokens` (Responses) (capped below the window), else 16 % of
+    the window within [1024, 32768] and never more than half of it."""
     for name in ("max_completion_tokens", "max_tokens", "max_output_tokens"):
         value = body.get(name)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:

@@ -102,6 +102,13 @@ class Metrics:
         self.summaries = Counter(
             "inflight_summary_calls", "Summary calls made upstream", ["model"], registry=r
         )
+        self._calibration = calibration
+        self._register_cost_and_gauges(r, queue_depth)
+
+    def _register_cost_and_gauges(
+        self, r: CollectorRegistry, queue_depth: Callable[[], float]
+    ) -> None:
+        """The cost counter (both series from the start) and the gauges read at scrape time."""
         self.cost = Counter(
             "inflight_cost_usd", "USD at list prices: actual (summary calls included) and the "
             "uncompacted baseline", ["kind"], registry=r,
@@ -110,7 +117,6 @@ class Metrics:
             self.cost.labels(kind)  # both series exist from the start, at 0
         self.queue = Gauge("inflight_usage_queue_depth", "Usage records waiting", registry=r)
         self.queue.set_function(queue_depth)
-        self._calibration = calibration
         self.factors = Gauge(
             "inflight_calibration_factor", "Token estimate correction", ["model"], registry=r
         )

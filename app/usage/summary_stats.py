@@ -18,12 +18,11 @@ what this request's own calls did:
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
-
-import anyio
 
 from app.compaction.summary.prompt import Completer, SummaryFailed
 from app.errors import UpstreamTimeout, UpstreamUnavailable
@@ -80,7 +79,7 @@ class CountedCompleter:
         self._stats.calls += 1
         try:
             status, content = await self._complete(body)
-        except anyio.get_cancelled_exc_class():
+        except asyncio.CancelledError:  # the app runs on asyncio
             self._failed("cancelled")
             raise
         except SummaryFailed as exc:

@@ -43,19 +43,6 @@ def budget_for(window: int) -> Budget:
     return Budget(window=window, reserve=window // 8, threshold=0.8, target=0.5)
 
 
-def sources_of(result: CompactionResult) -> list[int | None]:
-    """For each output message, the view message it came from (None: the inserted summary)."""
-    the_plan = result.plan
-    out: list[int | None] = []
-    for i, unit in enumerate(the_plan.units):
-        if the_plan.kept(i):
-            out.extend(range(unit.start, unit.end))
-    if len(result.messages) == len(out) + 1:
-        out.insert(the_plan.units[the_plan.head - 1].end, None)
-    assert len(out) == len(result.messages)
-    return out
-
-
 def compacted(
     body: Mapping[str, Any], pipeline: tuple[StrategyName, ...], window: int
 ) -> tuple[dict[str, Any], CompactionResult, MessagesConversation]:
@@ -74,7 +61,7 @@ def compacted(
     )
     if not result.plan.changed:
         return dict(body), result, conversation
-    out = FORMAT.render(body, conversation, result.messages, sources_of(result))
+    out = FORMAT.render(body, conversation, result.messages, result.sources)
     return out, result, conversation
 
 
@@ -147,7 +134,7 @@ def check_untouched(
     in it changed; only the summary is new."""
     if out["messages"] is body["messages"] or not result.plan.changed:
         return
-    sources = sources_of(result)
+    sources = result.sources
     kept = sorted({p[0] for s in sources if s is not None for p in conversation.pieces[s].paths()})
     rendered = [m for m in out["messages"] if not is_summary(m)]
     assert len(rendered) == len(kept)
@@ -423,7 +410,7 @@ def test_a_bad_body_is_a_400_naming_the_field_only_when_it_must_be_rewritten(
     assert not result.plan.changed
     result = compact(conversation.messages, ("trim",), budget_for(8192), simple_count, 0)
     with pytest.raises(BadRequest) as caught:
-        FORMAT.render(body, conversation, result.messages, sources_of(result))
+        FORMAT.render(body, conversation, result.messages, result.sources)
     assert caught.value.param == param
 
 
@@ -503,8 +490,8 @@ def test_any_body_has_a_view_and_renders_or_is_a_400(body: dict[str, Any], windo
         )
         if problems(body):  # a body Anthropic rejects cannot be rewritten: a 400 naming it
             with pytest.raises(BadRequest) as caught:
-                FORMAT.render(body, conversation, result.messages, sources_of(result))
+                FORMAT.render(body, conversation, result.messages, result.sources)
             assert caught.value.param == problems(body)[0].param
             continue
-        out = FORMAT.render(body, conversation, result.messages, sources_of(result))
+        out = FORMAT.render(body, conversation, result.messages, result.sources)
         assert rule_violations(out) == [] or rule_violations(body)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -139,15 +139,17 @@ class WindowRegistry:
         header_limit: int | None = None,
         setting_limit: int | None = None,
         discovered: int | None = None,
+        betas: Collection[str] = (),
     ) -> Window:
-        """The window from what is known without asking the upstream (all the CLI has)."""
+        """The window from what is known without asking the upstream (all the CLI has).
+        `betas`: the request's `anthropic-beta` flags (a table entry may unlock more with one)."""
         entry = self._table.lookup(model)
         return resolve_window(
             header=header_limit,
             setting=setting_limit,
             learned=self._learned.get((base_url, model)),
             discovered=discovered,
-            table=entry.context_window if entry is not None else None,
+            table=entry.window(betas) if entry is not None else None,
             fallback=self._table.fallback_window,
         )
 
@@ -158,8 +160,10 @@ class WindowRegistry:
         *,
         header_limit: int | None = None,
         setting_limit: int | None = None,
+        betas: Collection[str] = (),
     ) -> Window:
-        """The window for `model` at `base_url`; discovery runs only when it could matter."""
+        """The window for `model` at `base_url`; discovery runs only when it could matter.
+        `betas`: as in `known_window`."""
         forced = header_limit is not None or setting_limit is not None
         discovered = (
             None
@@ -172,4 +176,5 @@ class WindowRegistry:
             header_limit=header_limit,
             setting_limit=setting_limit,
             discovered=discovered,
+            betas=betas,
         )

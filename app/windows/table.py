@@ -7,12 +7,12 @@ import fnmatch
 import os
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, PrivateAttr, ValidationError
 
 from app.lru import BoundedLRU
 from app.tokens.encodings import EncodingName, bare_model
@@ -42,6 +42,19 @@ class ModelEntry(BaseModel):
     encoding: EncodingName | None = None
     upstream: str | None = Field(None, pattern=r"^https?://")
     api_key_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    # Larger windows a request unlocks with an `anthropic-beta` flag (Claude's 1M context).
+    beta_context_windows: dict[str, PositiveInt] = Field(default_factory=dict)
+
+    def window(self, betas: Collection[str] = ()) -> int:
+        """The window for a request that sends these `anthropic-beta` flags."""
+        unlocked = [size for flag, size in self.beta_context_windows.items() if flag in betas]
+        return max([self.context_window, *unlocked])
+
+
+def anthropic_betas(headers: Mapping[str, str]) -> frozenset[str]:
+    """The flags of a request's `anthropic-beta` header (comma-separated)."""
+    value = next((v for k, v in headers.items() if k.lower() == "anthropic-beta"), "")
+    return frozenset(flag.strip() for flag in value.split(",") if flag.strip())
 
 
 class ModelTable(BaseModel):

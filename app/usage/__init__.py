@@ -1,1 +1,1 @@
-"""usage."""
+"""Usage: records and their queue, recording an exchange, stores, summary-call counts, metrics."""

@@ -78,31 +78,22 @@ def pinned_head(messages: Sequence[Mapping[str, Any]], units: Sequence[Unit]) ->
 def check_pair_safety(messages: Sequence[Mapping[str, Any]]) -> list[str]:
     """Violations of what OpenAI enforces: tool results right after their call, all answered."""
     problems: list[str] = []
-    i, n = 0, len(messages)
-    while i < n:
-        message = messages[i]
-        role = message.get("role")
-        if role == "assistant" and _calls(message):
+    for unit in group_units(messages):
+        message = messages[unit.start]
+        if unit.kind == "tool_round":
             expected = [c.get("id") for c in _calls(message) if isinstance(c, dict)]
-            j = i + 1
-            answered: list[Any] = []
-            while j < n and messages[j].get("role") == "tool":
-                answered.append(messages[j].get("tool_call_id"))
-                j += 1
+            answered = [messages[j].get("tool_call_id") for j in range(unit.start + 1, unit.end)]
             if sorted(map(str, answered)) != sorted(map(str, expected)):
-                problems.append(f"messages[{i}]: tool_calls {expected} answered by {answered}")
-            i = j
-            continue
-        if role == "assistant" and isinstance(message.get("function_call"), dict):
-            if i + 1 >= n or messages[i + 1].get("role") != "function":
-                problems.append(f"messages[{i}]: function_call without its function result")
-                i += 1
-            else:
-                i += 2
-            continue
-        if role in ("tool", "function"):
-            problems.append(f"messages[{i}]: {role} message without the call right before it")
-        i += 1
+                problems.append(
+                    f"messages[{unit.start}]: tool_calls {expected} answered by {answered}"
+                )
+        elif unit.kind == "function_round" and unit.end - unit.start == 1:
+            problems.append(f"messages[{unit.start}]: function_call without its function result")
+        elif unit.kind == "orphan":
+            role = message.get("role")
+            problems.append(
+                f"messages[{unit.start}]: {role} message without the call right before it"
+            )
     return problems
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -265,7 +267,7 @@ async def test_every_request_answered_is_recorded_with_its_status_and_outcome(
     tmp_path: Path, fake: FakeUpstream
 ) -> None:
     """What the proxy refuses itself (400, 401, 413) is in the usage table and `/stats` as
-    `rejected`; passthrough routes (`/v1/responses` today) are counted apart."""
+    `rejected`; passthrough routes (a stored response, the models) are counted apart."""
     store = WatchedStore()
     app = create_app(
         make_settings(tmp_path, api_keys="k1", max_body_bytes=2000),
@@ -286,7 +288,7 @@ async def test_every_request_answered_is_recorded_with_its_status_and_outcome(
             await c.post("/v1/chat/completions", json=CHAT),
             await c.post("/v1/chat/completions", content=b"x" * 3000, headers=key),
             await c.post("/v1/chat/completions", json={**CHAT, "stream": True}, headers=key),
-            await c.post("/v1/responses", json={"model": "m", "input": "hi"}, headers=key),
+            await c.get("/v1/responses/resp_1", headers=key),
             await c.get("/v1/models", headers=key),
         ]
         assert [r.status_code for r in sent] == [400, 400, 400, 401, 413, 200, 200, 200]
@@ -311,3 +313,51 @@ async def test_every_request_answered_is_recorded_with_its_status_and_outcome(
         "by_outcome": {"completed": 2},
         "routes": {"/v1/responses": 1, "/v1/models": 1},
     }
+
+
+APP_DIR = Path(__file__).resolve().parents[1] / "app"
+
+
+class _WatchedEnviron(dict[str, str]):
+    """`os.environ` during requests: records every variable read."""
+
+    def __init__(self, values: dict[str, str]) -> None:
+        super().__init__(values)
+        self.read: list[str] = []
+
+    def __getitem__(self, key: str) -> str:
+        self._note(key)
+        return super().__getitem__(key)
+
+    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
+        self._note(key)
+        return super().get(key, default)
+
+    def _note(self, key: str) -> None:
+        caller = traceback.extract_stack(limit=3)[0]  # who called `get` / `[]`
+        if Path(caller.filename).is_relative_to(APP_DIR):  # the proxy's own reads, not libraries'
+            self.read.append(f"{key} <- {caller.filename}:{caller.lineno}")
+
+
+async def test_settings_and_keys_are_read_once_not_per_request(
+    tmp_path: Path, fake: FakeUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The environment is read at startup: a per-model upstream key included (issue 14)."""
+    (tmp_path / "models.toml").write_text(
+        '[[model]]\npattern = "routed-*"\ncontext_window = 4096\nmax_output = 512\n'
+        'upstream = "http://upstream.test/v1"\napi_key_env = "ROUTED_KEY"\n'
+    )
+    monkeypatch.setenv("ROUTED_KEY", "sk-at-startup")
+    app = create_app(
+        make_settings(tmp_path, config_dir=tmp_path), transport=httpx.ASGITransport(app=fake.app)
+    )
+    watched = _WatchedEnviron({**os.environ, "ROUTED_KEY": "sk-changed-later"})
+    async with app.router.lifespan_context(app):
+        monkeypatch.setattr(os, "environ", watched)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://proxy.test") as client:
+            for model in ("routed-qwen", "gpt-4o-mini"):
+                response = await client.post("/v1/chat/completions", json={**CHAT, "model": model})
+                assert response.status_code == 200, response.text
+    assert watched.read == []
+    assert fake.chat_requests[0].headers["authorization"] == "Bearer sk-at-startup"

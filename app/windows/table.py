@@ -72,10 +72,18 @@ class ModelTable(BaseModel):
         default_factory=lambda: BoundedLRU(LOOKUP_MEMO_SIZE)  # client-chosen names: bounded
     )
 
+    _keys: dict[str, str | None] = PrivateAttr(default_factory=dict)
+
     def model_post_init(self, context: Any, /) -> None:
         self._compiled = tuple(
             re.compile(fnmatch.translate(entry.pattern.lower())) for entry in self.model
         )
+        # Upstream keys are read from the environment once, at startup, never per request.
+        self._keys = {
+            entry.api_key_env: os.environ.get(entry.api_key_env)
+            for entry in self.model
+            if entry.api_key_env
+        }
 
     @classmethod
     def load(cls, path: Path) -> ModelTable:
@@ -124,7 +132,7 @@ class ModelTable(BaseModel):
         entry = self.lookup(model)
         if entry is None or entry.upstream is None:
             return None
-        key = os.environ.get(entry.api_key_env) if entry.api_key_env else None
+        key = self._keys.get(entry.api_key_env) if entry.api_key_env else None
         return Route(entry.upstream.rstrip("/"), key)
 
 

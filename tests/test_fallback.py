@@ -6,7 +6,7 @@ in `X-Compaction-Fallback` — never a 500."""
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -187,6 +187,11 @@ class FaultyCounter(ChatTokenCounter):
     def count_message(self, model: str, message: Mapping[str, Any]) -> int:
         self.fault.check("count")
         return super().count_message(model, message)
+
+    def count_messages(self, model: str, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+        for _ in messages:  # the batch counts each message as count_message would
+            self.fault.check("count")
+        return super().count_messages(model, messages)
 
     def count_fixed(self, model: str, body: Mapping[str, Any]) -> int:
         self.fault.check("fixed")

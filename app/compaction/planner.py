@@ -146,6 +146,7 @@ class _Replay:
     kept_total: int = 0  # the cost of the units after the head replayed so far
     pinned_total: int = 0  # the part of it that pinned instructions cost
     saving_total: int = 0  # what pruning every unit not pruned yet would save (when pruning)
+    priced: int = 0  # units before this have their savings up to date (when pruning)
 
     @property
     def summarizing(self) -> bool:
@@ -165,13 +166,22 @@ class _Replay:
         cost = self.costs.render(i, level, pruned)[1] if kept else 0
         self.kept_total += cost - self.costs_now[i]
         self.costs_now[i] = cost
-        if self.sums is not None and self.savings is not None:
+        if self.sums is not None:
             self.sums.set(i, cost)
-            saving = 0
-            if kept and not pruned and self.shape.units[i].kind in TOOL_KINDS:
-                saving = self.cost(i) - self.costs.render(i, level, True)[1]
-            self.saving_total += saving - self.savings[i]
-            self.savings.set(i, saving)
+        if i < self.priced:
+            self._price(i, level)
+
+    def _price(self, i: int, level: int) -> None:
+        """Bring what pruning unit i would save up to date with its state. Only `_prune` reads
+        these, so they are priced when it first runs (pricing renders a pruned copy of every
+        tool round: a request under the threshold never pays for it)."""
+        if self.savings is None:
+            return
+        saving = 0
+        if self._kept(i) and i >= self.pruned_before and self.shape.units[i].kind in TOOL_KINDS:
+            saving = self.cost(i) - self.costs.render(i, level, True)[1]
+        self.saving_total += saving - self.savings[i]
+        self.savings.set(i, saving)
 
     def add(self, i: int) -> int:
         """Unit i joins the prefix (as it is: nothing transforms it yet); returns its cost."""
@@ -264,6 +274,9 @@ class _Replay:
     def _prune(self, k: int) -> None:
         if self.sums is None or self.savings is None:
             return
+        for i in range(self.priced, k):
+            self._price(i, 2 if i in self.deep else int(i in self.truncated))
+        self.priced = max(self.priced, k)
         least = MIN_SAVING_SHARE * self.budget.budget
         if self.saving_total - self.savings[k - 1] < least:
             return  # not worth it even without protecting anything (the last unit always is)

@@ -35,7 +35,7 @@ from app.compaction.summary.prompt import Completer, SummaryFailed, SummaryUsage
 from app.compaction.summary.rolling import Summaries, SummaryJob, summary_budget
 from app.errors import ContextLengthExceeded
 from app.settings import OnOverflow, Settings
-from app.tokens.counter import TokenCounter
+from app.tokens.counter import TokenCounter, count_within
 from app.usage.summary_stats import count_fallback, summary_outcome
 from app.windows.overflow import parse_overflow
 from app.windows.registry import WindowRegistry
@@ -371,9 +371,11 @@ class _Job:
     base_url: str
     headers: Mapping[str, str]
     counter: TokenCounter
+    counted: dict[int, int] = field(default_factory=dict)  # see count_within
 
     def count(self, message: Mapping[str, Any]) -> int:
-        return self.counter.count_message(self.model, message)
+        messages = self.conversation.messages
+        return count_within(self.counter, self.model, messages, self.counted, message)
 
     def count_fixed(self) -> int:
         """The tokens of what every prompt carries whatever is cut (tools, instructions)."""

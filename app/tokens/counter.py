@@ -20,7 +20,8 @@ import math
 import struct
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
@@ -109,6 +110,8 @@ class TokenCounter(Protocol):
 
     def count_message(self, model: str, message: Mapping[str, Any]) -> int: ...
 
+    def count_messages(self, model: str, messages: Sequence[Mapping[str, Any]]) -> list[int]: ...
+
     def count_fixed(self, model: str, body: Mapping[str, Any]) -> int: ...
 
     def count_request(self, model: str, body: Mapping[str, Any]) -> int: ...
@@ -151,6 +154,67 @@ _OPAQUE_PARTS = frozenset({"input_audio", "file", "input_file"})
 _MODEL_MEMO_SIZE = 1024
 
 
+PREFIX_SLOTS = 8  # conversations whose last request is remembered (each its bytes and counts)
+PREFIX_BYTES = 32 * 1024 * 1024  # at most this many bytes of them in all
+
+
+@dataclass(frozen=True, slots=True)
+class _Prefix:
+    """A request's messages as one JSON text, where each message ends in it, and their raw
+    counts, for one scope (encoding and model: images cost differ per model)."""
+
+    scope: str
+    text: bytes
+    ends: tuple[int, ...]  # ends[i]: the offset just after message i's JSON in `text`
+    raw: tuple[int, ...]
+
+    def shared(self, scope: str, text: bytes) -> int:
+        """How many leading messages `text` (a request's messages as one JSON text) has
+        byte-identical to this one's. Messages are objects, so an object that starts where
+        one of these starts and agrees with it up to its closing brace is that message."""
+        if scope != self.scope or not self.ends or not text.startswith(self.text[: self.ends[0]]):
+            return 0
+        if text.startswith(self.text[: self.ends[-1]]):
+            return len(self.ends)  # the common case: the conversation went on
+        low, high = 1, len(self.ends) - 1  # ends[low - 1] is shared; ends[high] is not
+        while low <= high:
+            mid = (low + high) // 2
+            if text.startswith(self.text[: self.ends[mid]]):
+                low = mid + 1
+            else:
+                high = mid - 1
+        return low
+
+
+class _Prefixes:
+    """The last requests of a few conversations, so the next one counts only what it adds.
+    Bounded in entries and bytes; not thread-safe on its own (the counter's lock guards it)."""
+
+    __slots__ = ("_entries",)
+
+    def __init__(self) -> None:
+        self._entries: OrderedDict[int, _Prefix] = OrderedDict()
+
+    def longest(self, scope: str, text: bytes) -> tuple[_Prefix | None, int]:
+        best: tuple[_Prefix | None, int] = (None, 0)
+        for entry in self._entries.values():
+            shared = entry.shared(scope, text)
+            if shared > best[1]:
+                best = (entry, shared)
+        return best
+
+    def replace(self, old: _Prefix | None, new: _Prefix) -> None:
+        """Remember `new`, in place of `old` when it extends it (a conversation keeps one
+        slot; another conversation sharing only its first messages keeps its own)."""
+        if old is not None:
+            self._entries.pop(id(old), None)
+        self._entries[id(new)] = new
+        total = sum(len(e.text) for e in self._entries.values())
+        while len(self._entries) > PREFIX_SLOTS or total > PREFIX_BYTES:
+            _, dropped = self._entries.popitem(last=False)
+            total -= len(dropped.text)
+
+
 class ChatTokenCounter:
     """The counter used by the proxy: exact where tiktoken knows the family, else heuristic.
 
@@ -170,6 +234,7 @@ class ChatTokenCounter:
         self._cache_size = cache_size
         self._calibration = Calibration()
         self._families: dict[str, str | None] = {}
+        self._prefixes = _Prefixes()
         self._lock = threading.Lock()
 
     # -- which tokenizer ---------------------------------------------------------------------
@@ -298,6 +363,33 @@ class ChatTokenCounter:
                 self._cache.popitem(last=False)
         return total
 
+    def raw_messages(
+        self, encoding: str | None, messages: Sequence[Mapping[str, Any]], model: str = ""
+    ) -> list[int]:
+        """`raw_message` of each message. The leading messages byte-identical (as orjson
+        writes them) to the last request of the same conversation take its counts: one
+        serialisation of the whole list and a few prefix comparisons, not a key per message."""
+        listed = list(messages)
+        try:
+            text = orjson.dumps(listed) if all(type(m) is dict for m in listed) else b""
+        except TypeError:
+            text = b""
+        if not text:
+            return [self.raw_message(encoding, m, model) for m in listed]
+        scope = f"{encoding or '~'}|{bare_model(model)}"
+        with self._lock:
+            known, shared = self._prefixes.longest(scope, text)
+        ends = list(known.ends[:shared]) if known is not None else []
+        raw = list(known.raw[:shared]) if known is not None else []
+        for message in listed[shared:]:
+            ends.append((ends[-1] if ends else 0) + 1 + len(orjson.dumps(message)))
+            raw.append(self.raw_message(encoding, message, model))
+        if shared < len(listed):
+            extended = known if known is not None and shared == len(known.ends) else None
+            with self._lock:
+                self._prefixes.replace(extended, _Prefix(scope, text, tuple(ends), tuple(raw)))
+        return raw
+
     def raw_fixed(self, encoding: str | None, body: Mapping[str, Any]) -> int:
         """Uncalibrated tokens of the prompt that are not messages."""
         total = REPLY_PRIMING
@@ -337,6 +429,12 @@ class ChatTokenCounter:
         fix = self._correction(model)
         return _whole(fix.content * raw + fix.per_message)
 
+    def count_messages(self, model: str, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+        """`count_message` of each message, counting only what the conversation added."""
+        raw = self.raw_messages(self.encoding_name(model), messages, model)
+        fix = self._correction(model)
+        return [_whole(fix.content * r + fix.per_message) for r in raw]
+
     def count_fixed(self, model: str, body: Mapping[str, Any]) -> int:
         """The prompt outside the messages, with the template's cost per request."""
         raw = self.raw_fixed(self.encoding_name(model), body)
@@ -351,9 +449,8 @@ class ChatTokenCounter:
         """sum(count_message) + count_fixed."""
         messages = body.get("messages")
         listed = messages if isinstance(messages, list) else []
-        return self.count_fixed(model, body) + sum(
-            self.count_message(model, m) for m in listed if isinstance(m, Mapping)
-        )
+        counted = [m for m in listed if isinstance(m, Mapping)]
+        return self.count_fixed(model, body) + sum(self.count_messages(model, counted))
 
     def count_text(self, model: str, text: str) -> int:
         """Tokens of plain text for `model` (calibrated content, no framing)."""
@@ -409,3 +506,20 @@ def _whole(tokens: float) -> int:
     each message up would add half a token per message on average, a bias that grows with
     the conversation (and that calibration, fitted on unrounded sums, would not see)."""
     return max(0, math.floor(tokens + 0.5))
+
+
+def count_within(
+    counter: TokenCounter,
+    model: str,
+    messages: Sequence[Mapping[str, Any]],
+    memo: dict[int, int],
+    message: Mapping[str, Any],
+) -> int:
+    """`count_message` of `message`, one of a request's `messages` or a copy made of one. The
+    first call counts all of `messages` at once (`count_messages`: only what the conversation
+    added since its last request) into `memo`, keyed by identity: whoever holds `memo` holds
+    `messages` too, so while it lives no other object can have one of their ids."""
+    if not memo and messages:
+        memo.update(zip(map(id, messages), counter.count_messages(model, messages), strict=True))
+    found = memo.get(id(message))
+    return counter.count_message(model, message) if found is None else found

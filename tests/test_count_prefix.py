@@ -1,0 +1,90 @@
+"""Counting a request's messages at once reuses the last request of the same conversation
+(byte-identical leading messages) and gives exactly what counting each message gives."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app.tokens import counter as counter_module
+from app.tokens.counter import ChatTokenCounter, count_within
+from app.tokens.encodings import load_encodings
+
+ENCODINGS = load_encodings()
+PNG = (
+    "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk"
+    "YPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="
+)
+TEXT = st.text(alphabet=st.sampled_from('ab {}[]"\\\u00e9'), max_size=8)
+MESSAGE = st.one_of(
+    st.builds(lambda r, c: {"role": r, "content": c}, st.sampled_from(["user", "assistant"]), TEXT),
+    st.builds(lambda c: {"content": c, "role": "user"}, TEXT),  # another key order
+    st.builds(lambda c: {"role": "tool", "tool_call_id": "x", "content": c}, TEXT),
+    st.just({"role": "user", "content": [{"type": "image_url", "image_url": {"url": PNG}}]}),
+    st.builds(
+        lambda n: {"role": "user", "content": "n", "extra": n}, st.integers(0, 2) | st.booleans()
+    ),
+)
+# A step: which conversation, what it appends, and an optional edit of an earlier message.
+STEP = st.tuples(st.integers(0, 2), st.lists(MESSAGE, max_size=3), st.integers(-1, 6), MESSAGE)
+
+
+def fresh(model: str, messages: list[dict[str, Any]]) -> list[int]:
+    """The reference: each message counted on its own by a counter that has seen nothing."""
+    reference = ChatTokenCounter(ENCODINGS)
+    return [reference.count_message(model, m) for m in messages]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(STEP, min_size=1, max_size=12), st.sampled_from(["gpt-4o", "gpt-4o-mini", "qwen"]))
+def test_batches_equal_counting_each_message(steps: list[Any], model: str) -> None:
+    counter = ChatTokenCounter(ENCODINGS)
+    conversations: list[list[dict[str, Any]]] = [
+        [{"role": "system", "content": "s"}] for _ in range(3)
+    ]
+    for which, added, edit, replacement in steps:
+        messages = conversations[which]
+        messages.extend(copy.deepcopy(added))
+        if 0 <= edit < len(messages):
+            messages[edit] = copy.deepcopy(replacement)  # an edited history: no stale counts
+        request = copy.deepcopy(messages)  # a new request parses new objects
+        assert counter.count_messages(model, request) == fresh(model, request)
+        other = "gpt-4o-mini" if model != "gpt-4o-mini" else "gpt-4o"  # image prices differ
+        assert counter.count_messages(other, request) == fresh(other, request)
+
+
+def test_calibration_applies_to_remembered_counts() -> None:
+    counter = ChatTokenCounter(ENCODINGS)
+    messages = [{"role": "user", "content": "hello " * 50}, {"role": "assistant", "content": "hi"}]
+    before = counter.count_messages("qwen", messages)
+    counter.observe("qwen", {"messages": messages}, 2 * sum(before), overflowed=True)
+    after = counter.count_messages("qwen", copy.deepcopy(messages))
+    assert after != before
+    assert after == [counter.count_message("qwen", m) for m in messages]
+
+
+def test_remembered_conversations_are_bounded(monkeypatch: Any) -> None:
+    monkeypatch.setattr(counter_module, "PREFIX_BYTES", 10_000)
+    counter = ChatTokenCounter(ENCODINGS)
+    for i in range(3 * counter_module.PREFIX_SLOTS):
+        counter.count_messages("gpt-4o", [{"role": "user", "content": f"{i} " + "x" * 3000}])
+    entries = counter._prefixes._entries.values()
+    assert len(entries) <= 3
+    assert sum(len(e.text) for e in entries) <= 10_000
+
+
+def test_count_within_counts_copies_on_their_own() -> None:
+    counter = ChatTokenCounter(ENCODINGS)
+    messages = [{"role": "user", "content": "hello " * 20}]
+    memo: dict[int, int] = {}
+    assert count_within(counter, "gpt-4o", messages, memo, messages[0]) == counter.count_message(
+        "gpt-4o", messages[0]
+    )
+    shorter = {"role": "user", "content": "hello"}
+    assert count_within(counter, "gpt-4o", messages, memo, shorter) == counter.count_message(
+        "gpt-4o", shorter
+    )
+    assert len(memo) == 1

@@ -1,0 +1,50 @@
+"""What pruning would save is priced only once `prune` first runs (a request under the
+threshold never renders pruned copies): the plan is exactly the one of pricing every unit as
+it joins the prefix, as the replay did before."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from app.compaction import planner
+from app.compaction.policy import Budget, StrategyName
+from tests.conversations import conversations, simple_count
+
+PIPELINES: list[tuple[StrategyName, ...]] = [
+    ("truncate", "prune", "trim"),
+    ("prune", "middle-out"),
+    ("prune", "summarize"),
+    ("prune",),
+]
+
+
+def eager_plan(messages: list[dict[str, Any]], pipeline: Any, budget: Budget) -> planner.Plan:
+    """The plan with every unit priced when it joins the prefix (the former replay)."""
+    original = planner._Replay.__init__
+
+    def priced_up_front(self: planner._Replay, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        self.priced = 1 << 40
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(planner._Replay, "__init__", priced_up_front)
+        return planner.plan(messages, pipeline, budget, simple_count, 0, 50)
+
+
+@settings(
+    max_examples=120,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(conversations(), st.sampled_from(PIPELINES), st.integers(600, 20_000))
+def test_lazy_pricing_gives_the_eager_plan(
+    messages: list[dict[str, Any]], pipeline: tuple[StrategyName, ...], window: int
+) -> None:
+    budget = Budget(window=window, reserve=window // 8, threshold=0.8, target=0.5)
+    for k in range(1, len(messages) + 1):
+        lazy = planner.plan(messages[:k], pipeline, budget, simple_count, 0, 50)
+        assert lazy == eager_plan(messages[:k], pipeline, budget)

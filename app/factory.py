@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 import httpx
@@ -120,6 +120,28 @@ def _lifespan(state: AppState, cache: SummaryCache) -> Lifespan:
     return lifespan
 
 
+def _recording(
+    counter: ChatTokenCounter, meter: CostMeter, metrics: Metrics, queue: UsageQueue
+) -> tuple[Callable[[UsageRecord], None], Callable[[Exchange], Awaitable[None]]]:
+    """How a record is submitted (metrics, then the write queue), and what happens when an
+    exchange ends: the counter calibrates on the upstream's usage, the records are priced."""
+
+    def submit(record: UsageRecord) -> None:
+        metrics.observe(record)
+        queue.submit(record)
+
+    async def on_done(exchange: Exchange) -> None:
+        usage = exchange.usage
+        view = exchange.view
+        completed = exchange.outcome == "completed"
+        if usage is not None and usage.prompt_tokens and completed and view is not None:
+            counter.observe(exchange.model, view, usage.prompt_tokens)
+        for record in records_for(exchange):
+            submit(meter.priced(record, exchange.body))
+
+    return submit, on_done
+
+
 def create_app(
     settings: Settings,
     *,
@@ -140,19 +162,7 @@ def create_app(
     queue = UsageQueue(store)
     metrics = Metrics(lambda: queue.depth, counter.calibration_factors, summary_stats)
 
-    def submit(record: UsageRecord) -> None:
-        metrics.observe(record)
-        queue.submit(record)
-
-    async def on_done(exchange: Exchange) -> None:
-        usage = exchange.usage
-        view = exchange.view
-        completed = exchange.outcome == "completed"
-        if usage is not None and usage.prompt_tokens and completed and view is not None:
-            counter.observe(exchange.model, view, usage.prompt_tokens)
-        for record in records_for(exchange):
-            submit(meter.priced(record, exchange.body))
-
+    submit, on_done = _recording(counter, meter, metrics, queue)
     state = AppState(
         settings=settings,
         upstream=upstream,
@@ -166,6 +176,11 @@ def create_app(
         metrics=metrics,
         encodings_missing=encodings.missing,
     )
+    return _asgi_app(state, cache)
+
+
+def _asgi_app(state: AppState, cache: SummaryCache) -> FastAPI:
+    """The FastAPI app over `state`: its error handlers and routes, in matching order."""
     app = FastAPI(title="inflight", version=__version__, lifespan=_lifespan(state, cache))
     app.state.inflight = state
     app.add_exception_handler(ProxyError, proxy_error_handler)

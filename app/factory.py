@@ -22,12 +22,13 @@ from app.dashboard.assets import DashboardAssets
 from app.errors import BadRequest, ProxyError
 from app.http.auth import KeyChecker
 from app.http.errors import error_response, proxy_error_handler
-from app.http.routes import chat, compaction, dashboard, ops, passthrough
+from app.http.routes import chat, compaction, dashboard, ops, passthrough, responses
 from app.http.state import AppState
 from app.pricing.meter import CostMeter
 from app.pricing.table import PriceTable
 from app.proxy.chat import CHAT_API
 from app.proxy.passthrough import PassthroughService
+from app.proxy.responses import RESPONSES_API
 from app.proxy.service import ApiService, Exchange
 from app.proxy.upstream import Upstream, summary_completer
 from app.settings import Settings
@@ -168,6 +169,7 @@ def create_app(
         upstream=upstream,
         keys=KeyChecker(settings.api_keys),
         chat=ApiService(settings, upstream, CHAT_API, compactor, on_done=on_done),
+        responses=ApiService(settings, upstream, RESPONSES_API, compactor, on_done=on_done),
         passthrough=PassthroughService(settings, upstream, record=submit),
         counter=counter,
         compactor=compactor,
@@ -188,6 +190,7 @@ def _asgi_app(state: AppState, cache: SummaryCache) -> FastAPI:
     app.add_exception_handler(Exception, _unexpected_error_handler)
     app.include_router(ops.router)
     app.include_router(chat.router)
+    app.include_router(responses.router)
     app.include_router(compaction.router)
     app.include_router(dashboard.build_router(DashboardAssets.load()))
     app.include_router(passthrough.router)

@@ -52,6 +52,37 @@ BODY = st.one_of(
         },
     ),
 )
+ITEM = st.one_of(
+    JSON,
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "type": st.sampled_from(
+                ["message", "function_call", "function_call_output", "reasoning", "custom_tool_call",
+                 "custom_tool_call_output", "local_shell_call", "local_shell_call_output",
+                 "computer_call_output", "mcp_approval_response", "compaction", "web_search_call",
+                 "image_generation_call", "bogus", 7]
+            ),
+            "role": st.sampled_from(["user", "assistant", "system", "developer", "tool", 7]),
+            "call_id": st.one_of(st.sampled_from(["a", "b", None]), JSON),
+            **dict.fromkeys(
+                ("content", "output", "arguments", "input", "name", "id", "summary", "action", "result"),
+                JSON,
+            ),
+        },
+    ),
+)  # fmt: skip
+RESPONSES_BODY = st.one_of(
+    JSON,
+    st.fixed_dictionaries(
+        {"model": st.one_of(st.text(max_size=20), JSON), "input": st.one_of(st.lists(ITEM, max_size=8), JSON)},
+        optional=dict.fromkeys(
+            ("stream", "instructions", "previous_response_id", "max_output_tokens", "tools", "text",
+             "compaction"),
+            JSON,
+        ),
+    ),
+)  # fmt: skip
 HEADER_VALUE = st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), max_size=30)
 HEADERS = st.dictionaries(
     st.sampled_from(
@@ -102,6 +133,34 @@ def check_response(response: httpx.Response) -> None:
 async def test_fuzzed_bodies_and_headers(
     guarded: httpx.AsyncClient, path: str, body: Any, headers: dict[str, str]
 ) -> None:
+    response = await guarded.post(path, content=orjson.dumps(body), headers=headers)
+    check_response(response)
+
+
+@pytest.mark.parametrize("path", ["/v1/responses", "/v1/compaction/preview"])
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    body=RESPONSES_BODY,
+    headers=HEADERS,
+    limit=st.sampled_from([None, "256", "2048"]),
+    form=st.sampled_from([None, "responses", "chat", "bogus"]),
+)
+async def test_fuzzed_responses_bodies(
+    guarded: httpx.AsyncClient,
+    path: str,
+    body: Any,
+    headers: dict[str, str],
+    limit: str | None,
+    form: str | None,
+) -> None:
+    """Responses API bodies (items of every type, malformed ones, tiny windows that force
+    compaction): an OpenAI-shaped 4xx or a relay, never a 500."""
+    if limit is not None:
+        headers = {**headers, "X-Compaction-Context-Limit": limit}
+    if form is not None and path != "/v1/responses":
+        headers = {**headers, "X-Compaction-Format": form}
     response = await guarded.post(path, content=orjson.dumps(body), headers=headers)
     check_response(response)
 

@@ -419,3 +419,22 @@ def test_instructions_count_like_a_leading_system_message() -> None:
     assert extra == alone
     assert has_system({**told.fixed, "messages": list(told.messages)})
     assert not has_system({**bare.fixed, "messages": list(bare.messages)})
+
+
+def test_the_output_reserve_is_max_output_tokens() -> None:
+    from app.windows.table import output_reserve
+
+    body = {"model": "gpt-4.1", "input": [USER], "max_output_tokens": 300}
+    assert output_reserve(body, 8192) == 300
+
+
+@pytest.mark.parametrize("call_id", [{"a": 1}, [1, 2], 3.5, None, True])
+def test_ids_of_any_json_type_pair_without_error(call_id: Any) -> None:
+    """Client data: a `call_id` that is an object or a list is an id like any other."""
+    items = [USER, call("x"), output("x"), {**call("x"), "call_id": call_id}]
+    items.append({**output("x"), "call_id": call_id})
+    conversation = FORMAT.conversation({"model": "m", "input": items})
+    assert conversation.skip is None
+    assert conversation.groups == ((0,), (1,), (2,), (3,), (4,))
+    orphan = FORMAT.conversation({"model": "m", "input": [USER, {**output("x"), "call_id": [1]}]})
+    assert orphan.skip is not None

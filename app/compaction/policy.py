@@ -13,6 +13,8 @@ StrategyName = Literal["truncate", "prune", "trim", "middle-out", "summarize"]
 STRATEGIES: tuple[StrategyName, ...] = get_args(StrategyName)
 
 HEADER_PREFIX = "x-compaction-"
+# Read where they apply, not here: the body shape of `/v1/compaction/*` (DESIGN.md §8).
+OTHER_HEADERS = frozenset({"x-compaction-format"})
 _BODY_KEYS = {
     "strategy": "x-compaction-strategy",
     "context_limit": "x-compaction-context-limit",
@@ -124,7 +126,7 @@ def parse_controls(
     for name, value in headers.items():
         lower = name.lower()
         if lower.startswith(HEADER_PREFIX):
-            if lower not in _BODY_KEYS.values():
+            if lower not in _BODY_KEYS.values() and lower not in OTHER_HEADERS:
                 raise InvalidControl(f"unknown header {name}", param=name)
             raw[lower] = (value, name)
     if any(k in body for k in CONTROL_KEYS):

@@ -27,6 +27,7 @@ class AppState:
     upstream: Upstream
     keys: KeyChecker
     chat: ApiService  # one `ApiService` per compacting API
+    responses: ApiService
     passthrough: PassthroughService
     counter: ChatTokenCounter
     compactor: CompactionService

@@ -416,9 +416,8 @@ class ChatTokenCounter:
         encoding = self.encoding_name(model)
         messages = body.get("messages")
         listed = messages if isinstance(messages, list) else []
-        return self.raw_fixed(encoding, body) + sum(
-            self.raw_message(encoding, m, model) for m in listed if isinstance(m, Mapping)
-        )
+        counted = [m for m in listed if isinstance(m, Mapping)]
+        return self.raw_fixed(encoding, body) + sum(self.raw_messages(encoding, counted, model))
 
     # -- calibrated counts (the protocol) ----------------------------------------------------
     def _correction(self, model: str) -> Correction:

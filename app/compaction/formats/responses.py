@@ -30,7 +30,7 @@ in its round make the request one to forward as received (`Conversation.skip`).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,15 +106,20 @@ def _first(item: Mapping[str, Any], fields: Sequence[str]) -> Any:
     return next((item[f] for f in fields if item.get(f) is not None), None)
 
 
-def _answer_key(item: Mapping[str, Any]) -> tuple[str, Any]:
+def _ident(value: Any) -> Hashable:
+    """An id as a key: client data, so an object or a list stands as its JSON text."""
+    return orjson.dumps(value) if isinstance(value, dict | list) else value
+
+
+def _answer_key(item: Mapping[str, Any]) -> tuple[str, Hashable]:
     """(call type, id) that an output item answers."""
     call = OUTPUTS[_kind(item)]
-    return call, _first(item, CALLS[call].answer_keys)
+    return call, _ident(_first(item, CALLS[call].answer_keys))
 
 
-def _call_key(item: Mapping[str, Any]) -> tuple[str, Any]:
+def _call_key(item: Mapping[str, Any]) -> tuple[str, Hashable]:
     call = _kind(item)
-    return call, item.get(CALLS[call].key)
+    return call, _ident(item.get(CALLS[call].key))
 
 
 @dataclass(slots=True)
@@ -157,7 +162,7 @@ class _Grouping:
         """Group the call round starting at `start`; returns where the next group starts."""
         heads: list[int] = []  # reasoning and call items: the view's assistant message
         outputs: list[int] = []
-        pending: Counter[tuple[str, Any]] = Counter()
+        pending: Counter[tuple[str, Hashable]] = Counter()
         i = start
         while i < len(self.items):
             j = self.after_reasoning(i)
@@ -212,7 +217,8 @@ def _view_output(item: Mapping[str, Any]) -> dict[str, Any]:
     """A tool message: the output as its content when it is text or parts (what truncation and
     pruning rewrite), a screenshot as an image part, anything else opaque (counted, kept)."""
     output = item.get("output")
-    message: dict[str, Any] = {"role": "tool", "tool_call_id": _answer_key(item)[1]}
+    call = CALLS[OUTPUTS[_kind(item)]]
+    message: dict[str, Any] = {"role": "tool", "tool_call_id": _first(item, call.answer_keys)}
     if isinstance(output, str | list):
         message["content"] = output
     elif isinstance(output, dict) and isinstance(output.get("image_url"), str):

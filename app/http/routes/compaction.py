@@ -7,29 +7,46 @@ from typing import Any, NoReturn
 from fastapi import APIRouter, Request
 from starlette.exceptions import HTTPException
 
-from app.compaction.service import count_report, preview_report
+from app.compaction.formats import ApiName
+from app.compaction.formats.detect import FORMAT_HEADER, detect_api
+from app.compaction.service import HISTORY_PARAM, Preview, count_report, preview_report
+from app.errors import InvalidControl
 from app.http import openapi
-from app.http.body import parse_chat_body, read_body
+from app.http.body import parse_model_body, read_body
 from app.http.routes.passthrough import METHODS
 from app.http.state import ClientKey, State
 
 router = APIRouter()
 
 
+async def _plan(request: Request, state: State, *, count: bool) -> tuple[ApiName, Preview]:
+    """The body, in whichever API it speaks (DESIGN.md §8), compacted (`count`: only counted)."""
+    raw = await read_body(request, state.settings.max_body_bytes)
+    apis = {service.api.wire.api: service.api for service in (state.chat, state.responses)}
+    name = detect_api(request.headers, parse_model_body(raw))
+    if name not in apis:
+        raise InvalidControl(f"{name} bodies are not served here", param=FORMAT_HEADER)
+    api = apis[name]
+    body = api.parse_body(raw)
+    route = state.upstream.route(body["model"])
+    strategies = () if count else None
+    planned = await state.compactor.plan(
+        request.headers, body, route.base_url, wire=api.wire, strategies=strategies
+    )
+    return name, planned
+
+
 @router.post("/v1/compaction/preview", openapi_extra=openapi.PREVIEW)
 async def preview(request: Request, state: State, client: ClientKey) -> dict[str, Any]:
-    body = parse_chat_body(await read_body(request, state.settings.max_body_bytes))
-    route = state.upstream.route(body["model"])
-    result = await state.compactor.plan(request.headers, body, route.base_url)
-    return {"messages": result.result.messages, "report": preview_report(result)}
+    name, result = await _plan(request, state, count=False)
+    history = HISTORY_PARAM[name]
+    return {history: result.forwarded.get(history), "report": preview_report(result)}
 
 
 @router.post("/v1/compaction/count", openapi_extra=openapi.COUNT)
 async def count(request: Request, state: State, client: ClientKey) -> dict[str, Any]:
-    body = parse_chat_body(await read_body(request, state.settings.max_body_bytes))
-    route = state.upstream.route(body["model"])
-    result = await state.compactor.plan(request.headers, body, route.base_url, strategies=())
-    return count_report(result, body["model"])
+    _, result = await _plan(request, state, count=True)
+    return count_report(result, result.body["model"])
 
 
 @router.api_route(

@@ -1,0 +1,30 @@
+"""OpenAI Responses API (`POST /v1/responses`): an `Api` through `ResponsesFormat`.
+
+Its own points: the body is an object naming its model (what `input` holds is the adapter's to
+check, naming the item at fault); usage is in the JSON answer and in a stream's
+`response.completed` whether asked for or not, so a stream is never asked for it (the API
+knows no `stream_options.include_usage`); errors use OpenAI's envelope (the default).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.compaction.formats.responses import ResponsesFormat
+from app.http.body import check_stream, parse_model_body
+from app.proxy.service import Api
+
+
+def parse_responses_body(raw: bytes) -> dict[str, Any]:
+    """Parse a Responses request: an object with a `model` and a boolean `stream` if any."""
+    body = parse_model_body(raw)
+    check_stream(body)
+    return body
+
+
+RESPONSES_API = Api(
+    route="/v1/responses",
+    upstream_path="/responses",
+    wire=ResponsesFormat(),
+    parse_body=parse_responses_body,
+)

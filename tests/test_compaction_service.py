@@ -14,6 +14,7 @@ import pytest
 from app.compaction.formats import ApiName, Conversation
 from app.compaction.policy import parse_controls
 from app.compaction.service import CompactionService
+from app.errors import BadRequest
 from app.tokens.counter import ChatTokenCounter
 from app.tokens.encodings import load_encodings
 from app.windows.registry import WindowRegistry
@@ -117,3 +118,31 @@ def test_parse_controls_leaves_the_body_alone() -> None:
     assert controls.strategies == ("middle-out",)
     plain = {"model": "m", "messages": []}
     assert parse_controls({"x-compaction-threshold": "0.5"}, plain)[1] is plain
+
+
+class Failing(Wrapped):
+    """An adapter with a bug (it fails on what it should read), or one that refuses the body."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__()
+        self.error = error
+
+    def conversation(self, body: Mapping[str, Any]) -> Conversation:
+        raise self.error
+
+
+async def test_an_adapter_failure_forwards_the_request_as_received(
+    service: CompactionService,
+) -> None:
+    body = {"model": "gpt-4o", "items": [{"m": m} for m in history(40)]}
+    compacted = await service.prepare(Failing(KeyError("items")), TRIM, body, "http://u/v1")
+    assert compacted.forward is None
+    assert compacted.body is body
+    assert compacted.headers["X-Compaction-Applied"] == "none"
+
+
+async def test_an_adapter_refusal_is_the_clients_error(service: CompactionService) -> None:
+    body = {"model": "gpt-4o", "items": "not a list"}
+    refusal = BadRequest("'items' must be an array", param="items")
+    with pytest.raises(BadRequest, match="must be an array"):
+        await service.prepare(Failing(refusal), TRIM, body, "http://u/v1")

@@ -37,7 +37,7 @@ from app.errors import ContextLengthExceeded, ProxyError
 from app.settings import OnOverflow, Settings
 from app.tokens.counter import TokenCounter, count_within
 from app.usage.summary_stats import count_fallback, summary_outcome
-from app.windows.overflow import parse_overflow
+from app.windows.overflow import OverflowInfo, parse_overflow
 from app.windows.registry import WindowRegistry
 from app.windows.table import output_reserve
 
@@ -126,6 +126,8 @@ def report_headers(preview: Preview) -> dict[str, str]:
         headers["X-Compaction-Summary-Fallback"] = preview.fallback[:200]
     if preview.error is not None:
         headers["X-Compaction-Fallback"] = preview.error[:200]
+    if preview.conversation.skip is not None:  # why it was forwarded as received
+        headers["X-Compaction-Skipped"] = preview.conversation.skip[:200]
     return headers
 
 
@@ -210,12 +212,24 @@ class CompactionService:
         """The pipeline's outcome, and what the request got instead if compaction failed."""
         if job.conversation.skip is not None:
             logger.info("forwarding %s as received: %s", job.model, job.conversation.skip)
-            return _Outcome(as_received(job.conversation.messages), job.body), None
+            return await self._counted(job, budget), None
         try:
             return await self._compact(job, pipeline, budget), None
         except Exception as exc:  # any compaction bug: fall back, never a 500
             logger.exception("compaction failed for %s, falling back to trim", job.model)
             return await self._fallback(exc, job, pipeline, budget)
+
+    async def _counted(self, job: _Job, budget: Budget) -> _Outcome:
+        """A request forwarded as received: counted for the report and the usage record, never
+        compacted (counts of 0 if even counting fails)."""
+        messages = job.conversation.messages
+        try:
+            fixed = await offload(messages, job.count_fixed)
+            counted = partial(compact, messages, (), budget, job.count, fixed)
+            return _Outcome(await offload(messages, counted), job.body)
+        except Exception:
+            logger.exception("counting failed for %s; reported as 0 tokens", job.model)
+            return _Outcome(as_received(messages), job.body)
 
     async def _fallback(
         self, exc: Exception, job: _Job, pipeline: tuple[StrategyName, ...], budget: Budget
@@ -336,7 +350,9 @@ class CompactionService:
         only when that changes what is sent: the same prompt would fail the same way."""
         base_url, status, content = overflow
         info = parse_overflow(status, content)
-        if info is None or (info.window is None and info.prompt_tokens is None):
+        if info is not None and info.window is None and info.prompt_tokens is None:
+            info = _bound(wire, body, failed)
+        if info is None:
             return None
         model: str = body["model"]
         if info.window is not None:
@@ -357,6 +373,18 @@ class CompactionService:
             model, info.window, info.prompt_tokens, preview.result.tokens_after,
         )  # fmt: skip
         return self._compacted(wire, preview)
+
+
+def _bound(wire: WireFormat, body: Mapping[str, Any], failed: Compacted) -> OverflowInfo | None:
+    """What an overflow that states no number teaches (the Responses API's "Your input exceeds
+    the context window of this model"): the prompt that failed, as estimated, is more than the
+    window holds — an upper bound, learned when it is below the window assumed (else the retry
+    would be the same). Not for a request forwarded as received: what it sent is not all the
+    upstream counted (server-side history)."""
+    if failed.tokens_after <= 0 or wire.conversation(body).skip is not None:
+        return None
+    bound = failed.tokens_after
+    return OverflowInfo(bound, None) if bound < failed.context_limit else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,7 @@ replay of n units is near-linear however many events it has.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -69,6 +70,11 @@ class Plan:
         if i < self.head or i in self.pinned:
             return True
         return i >= self.cut and i not in self.dropped
+
+
+def _truncation_level(i: int, truncated: AbstractSet[int], deep: AbstractSet[int]) -> int:
+    """How unit i is truncated: 0 not, 1 its tool outputs, 2 deep (every text shares the cap)."""
+    return 2 if i in deep else int(i in truncated)
 
 
 def _transform(
@@ -161,7 +167,7 @@ class _Replay:
     def refresh(self, i: int) -> None:
         """Bring unit i's running sums up to date with its state."""
         kept = self._kept(i)
-        level = 2 if i in self.deep else int(i in self.truncated)
+        level = _truncation_level(i, self.truncated, self.deep)
         pruned = i < self.pruned_before
         cost = self.costs.render(i, level, pruned)[1] if kept else 0
         self.kept_total += cost - self.costs_now[i]
@@ -275,7 +281,7 @@ class _Replay:
         if self.sums is None or self.savings is None:
             return
         for i in range(self.priced, k):
-            self._price(i, 2 if i in self.deep else int(i in self.truncated))
+            self._price(i, _truncation_level(i, self.truncated, self.deep))
         self.priced = max(self.priced, k)
         least = MIN_SAVING_SHARE * self.budget.budget
         if self.saving_total - self.savings[k - 1] < least:
@@ -403,7 +409,7 @@ def plan(
 def _shown(messages: Sequence[Mapping[str, Any]], plan: Plan, i: int) -> list[Mapping[str, Any]]:
     """Unit i as the plan shows it (truncated, pruned)."""
     unit = plan.units[i]
-    level = 2 if i in plan.deep else int(i in plan.truncated)
+    level = _truncation_level(i, plan.truncated, plan.deep)
     chunk = list(messages[unit.start : unit.end])
     return _transform(chunk, unit.kind, plan.cap, level, i < plan.pruned_before)
 

@@ -39,7 +39,7 @@ from app.tokens.counter import TokenCounter, count_within
 from app.usage.summary_stats import count_fallback, summary_outcome
 from app.windows.overflow import OverflowInfo, parse_overflow
 from app.windows.registry import WindowRegistry
-from app.windows.table import output_reserve
+from app.windows.table import anthropic_betas, output_reserve
 
 CompleterFactory = Callable[[str, Mapping[str, str]], Completer]
 PROMPT_OVERHEAD = 700  # the summary prompt's own instructions, in tokens

@@ -17,6 +17,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
+from app.lru import BoundedLRU
+
 MEMO_SIZE = 4096  # model names whose lookup is remembered
 
 
@@ -92,7 +94,9 @@ class PriceTable(BaseModel):
     baseline: BaselineRules = BaselineRules()
     price: tuple[ModelPrice, ...] = ()
     _compiled: tuple[tuple[re.Pattern[str], ...], ...] = PrivateAttr(default=())
-    _known: dict[str, ModelPrice | None] = PrivateAttr(default_factory=dict)
+    _known: BoundedLRU[str, ModelPrice | None] = PrivateAttr(
+        default_factory=lambda: BoundedLRU(MEMO_SIZE)  # client-chosen names: bounded
+    )
 
     def model_post_init(self, context: Any, /) -> None:
         self._compiled = tuple(
@@ -120,10 +124,12 @@ class PriceTable(BaseModel):
             raise PriceTableError(f"invalid price table {name}: {exc}") from exc
 
     def lookup(self, model: str) -> ModelPrice | None:
-        """The price of `model`, or None (unpriced). Answers are remembered for the first
-        `MEMO_SIZE` names (client-chosen: bounded)."""
-        if model in self._known:
+        """The price of `model`, or None (unpriced). Answers are remembered for the
+        `MEMO_SIZE` names asked most recently."""
+        try:
             return self._known[model]
+        except KeyError:
+            pass  # not memoised yet (or just evicted)
         name = model.lower()
         bare = name.rsplit("/", 1)[-1]
         found = next(
@@ -134,6 +140,5 @@ class PriceTable(BaseModel):
             ),
             None,
         )
-        if len(self._known) < MEMO_SIZE:
-            self._known[model] = found
+        self._known.put(model, found)
         return found

@@ -133,7 +133,7 @@ def report_headers(preview: Preview) -> dict[str, str]:
 
 class CompactionService:
     """Compacts requests of any wire format for the API services, and serves the preview
-    endpoints. Implements `app.proxy.service.Compactor`."""
+    endpoints: `prepare` before a request is sent, `recover` after an overflow error."""
 
     def __init__(
         self,

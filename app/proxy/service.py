@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from starlette.requests import Request
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     import httpx
 
     from app.compaction.formats import WireFormat
-    from app.compaction.service import Compacted
+    from app.compaction.service import Compacted, CompactionService
     from app.compaction.summary.prompt import SummaryUsage
 
 logger = logging.getLogger(__name__)
@@ -60,29 +60,6 @@ class Api:
     def error_frame(self, error: ProxyError) -> bytes:
         """`error` as a final SSE event, for a stream that already started."""
         return b"event: error\ndata: " + orjson.dumps(self.error_body(error)) + b"\n\n"
-
-
-class Compactor(Protocol):
-    """Decides what is forwarded (the compaction service implements it)."""
-
-    async def prepare(
-        self, wire: WireFormat, headers: Mapping[str, str], body: Mapping[str, Any], base_url: str
-    ) -> Compacted:
-        """What to forward for `body` (the request as received, parsed)."""
-        ...
-
-    async def recover(
-        self,
-        wire: WireFormat,
-        headers: Mapping[str, str],
-        body: Mapping[str, Any],
-        failed: Compacted,
-        overflow: tuple[str, int, bytes],
-    ) -> Compacted | None:
-        """After an upstream overflow error (base URL, status, body) on what `failed` sent:
-        learn the window, recalibrate, recompact; a new value to retry once (only when what
-        would be sent differs from what failed)."""
-        ...
 
 
 @dataclass(slots=True)
@@ -177,7 +154,7 @@ class ApiService:
         settings: Settings,
         upstream: Upstream,
         api: Api,
-        compactor: Compactor,
+        compactor: CompactionService,
         *,
         on_done: ExchangeHook | None = None,
     ) -> None:

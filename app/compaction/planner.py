@@ -368,6 +368,31 @@ class _Replay:
         )
 
 
+def _quiet(shape: UnitRoles, costs: _Costs, head_cost: int, trigger: int) -> Plan | None:
+    """The plan of a conversation that is under the trigger as a whole, without replaying it:
+    every unit costs >= 0, so no shorter prefix crosses the trigger either, and the replay
+    would end where it starts (nothing cut, dropped, truncated or pruned). None otherwise."""
+    n, head = len(shape.units), shape.head
+    total = head_cost + sum(costs.render(i, 0, False)[1] for i in range(head, n))
+    if total > trigger:
+        return None
+    return Plan(
+        units=shape.units,
+        head=head,
+        cut=head,
+        dropped=frozenset(),
+        truncated=frozenset(),
+        pruned_before=head,
+        cap=costs.cap,
+        events=(),
+        summarize=False,
+        tokens_before=total,
+        tokens_after=total,
+        strict=shape.strict(n),
+        pinned=shape.pinned,
+    )
+
+
 def plan(
     messages: Sequence[Mapping[str, Any]],
     pipeline: tuple[StrategyName, ...],
@@ -381,6 +406,9 @@ def plan(
     n, head = len(shape.units), shape.head
     costs = _Costs(messages, shape.units, count, cap_chars(budget.budget))
     head_cost = fixed_tokens + sum(costs.render(i, 0, False)[1] for i in range(head))
+    quiet = _quiet(shape, costs, head_cost, budget.trigger)
+    if quiet is not None:
+        return quiet
     replay = _Replay(
         shape=shape,
         costs=costs,

@@ -14,6 +14,7 @@ from starlette.responses import Response
 
 from app import __version__
 from app.banner import log_banner
+from app.compaction.formats import ApiName
 from app.compaction.service import CompactionService
 from app.compaction.summary.cache import SummaryCache, SummaryFlight, open_cache
 from app.compaction.summary.prompt import Completer, SummaryPrompt
@@ -22,15 +23,16 @@ from app.dashboard.assets import DashboardAssets
 from app.errors import BadRequest, ProxyError
 from app.http.auth import KeyChecker
 from app.http.errors import error_response, proxy_error_handler
-from app.http.routes import chat, compaction, dashboard, ops, passthrough, responses
+from app.http.routes import chat, compaction, dashboard, messages, ops, passthrough, responses
 from app.http.state import AppState
 from app.pricing.meter import CostMeter
 from app.pricing.table import PriceTable
 from app.proxy.chat import CHAT_API
+from app.proxy.messages import MESSAGES_API
 from app.proxy.passthrough import PassthroughService
 from app.proxy.responses import RESPONSES_API
 from app.proxy.service import ApiService, Exchange
-from app.proxy.upstream import Upstream, summary_completer
+from app.proxy.upstream import Upstream, anthropic_summary_completer, summary_completer
 from app.settings import Settings
 from app.tokens.counter import ChatTokenCounter
 from app.tokens.encodings import load_encodings
@@ -94,8 +96,10 @@ def _compaction(
     cache = open_cache(settings.cache_url)
     summaries = Summaries(prompt, SummaryFlight(cache))
 
-    def completer_for(model: str, headers: Mapping[str, str]) -> Completer:
-        complete = summary_completer(upstream, model, headers, settings.summary_timeout)
+    def completer_for(model: str, headers: Mapping[str, str], api: ApiName) -> Completer:
+        # A Messages client's summaries are asked of its Anthropic upstream, with its key.
+        ask = anthropic_summary_completer if api == "messages" else summary_completer
+        complete = ask(upstream, model, headers, settings.summary_timeout)
         return CountedCompleter(complete, summary_stats)
 
     compactor = CompactionService(settings, counter, windows, summaries, completer_for)
@@ -170,6 +174,7 @@ def create_app(
         keys=KeyChecker(settings.api_keys),
         chat=ApiService(settings, upstream, CHAT_API, compactor, on_done=on_done),
         responses=ApiService(settings, upstream, RESPONSES_API, compactor, on_done=on_done),
+        messages=ApiService(settings, upstream, MESSAGES_API, compactor, on_done=on_done),
         passthrough=PassthroughService(settings, upstream, record=submit),
         counter=counter,
         compactor=compactor,
@@ -191,6 +196,7 @@ def _asgi_app(state: AppState, cache: SummaryCache) -> FastAPI:
     app.include_router(ops.router)
     app.include_router(chat.router)
     app.include_router(responses.router)
+    app.include_router(messages.router)
     app.include_router(compaction.router)
     app.include_router(dashboard.build_router(DashboardAssets.load()))
     app.include_router(passthrough.router)

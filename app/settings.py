@@ -63,6 +63,8 @@ class Settings(BaseSettings):
 
     upstream_url: str = "https://api.openai.com/v1"
     upstream_api_key: SecretStr | None = None
+    anthropic_upstream_url: str = "https://api.anthropic.com/v1"  # `POST /v1/messages`
+    anthropic_api_key: SecretStr | None = None  # replaces the client's `x-api-key` when set
     api_keys: Annotated[tuple[SecretStr, ...], NoDecode] = ()
     config_dir: Path | None = None  # unset: the packaged defaults (`packaged_config_dir`)
     strategy: str = "auto"
@@ -111,14 +113,14 @@ class Settings(BaseSettings):
             raise ValueError(exc.message) from exc
         return value
 
-    @field_validator("upstream_url")
+    @field_validator("upstream_url", "anthropic_upstream_url")
     @classmethod
     def _check_url(cls, value: str) -> str:
         if not value.startswith(("http://", "https://")):
             raise ValueError("must be an http:// or https:// URL")
         return value.rstrip("/")
 
-    @field_validator("upstream_api_key", "cache_url", mode="before")
+    @field_validator("upstream_api_key", "anthropic_api_key", "cache_url", mode="before")
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
         return None if value == "" else value

@@ -1,6 +1,10 @@
 """A fake Anthropic Messages upstream that enforces the API's rules, written apart from the
 proxy's own checks so that the tests do not grade the proxy with its own code.
 
+`FakeAnthropic` serves `POST /v1/messages` (JSON or the event stream, usage with cache reads
+and writes) and `count_tokens`; it rejects what `rule_violations` finds and a prompt over its
+window with Anthropic's "prompt is too long: N tokens > M maximum".
+
 `rule_violations(body)` is what the fake rejects with a 400: the first message is not `user`;
 two messages in a row share a role (stricter than the API, which combines them: an output of
 the proxy must alternate whenever its input did); a `tool_use` not answered by a `tool_result`
@@ -11,8 +15,15 @@ a thinking block or on an empty text block; an empty text block.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
 
 MAX_BREAKPOINTS = 4
 
@@ -56,6 +67,9 @@ def _message_violations(messages: list[Mapping[str, Any]]) -> Iterator[str]:
         first_other = next((k for k, kind in enumerate(kinds) if kind != "tool_result"), len(kinds))
         if "tool_result" in kinds[first_other:]:
             yield f"messages.{i}: tool_result blocks must come first"
+        wrong = {"user": ("tool_use", "thinking"), "assistant": ("tool_result", "image")}
+        if any(k in wrong.get(str(message.get("role")), ()) for k in kinds):
+            yield f"messages.{i}: a block type its role cannot carry"
         for b in blocks:
             if b.get("type") == "text" and not b.get("text"):
                 yield f"messages.{i}: text content blocks must be non-empty"
@@ -73,6 +87,24 @@ def _message_violations(messages: list[Mapping[str, Any]]) -> Iterator[str]:
             yield f"messages.{i}: unexpected tool_use_id in tool_result blocks: {stray}"
 
 
+def well_formed(body: Any) -> bool:
+    """Messages the checks can read: objects with a role, content a string or blocks (as do
+    tool results)."""
+    messages = body.get("messages") if isinstance(body, dict) else None
+    if not isinstance(messages, list):
+        return False
+    for message in messages:
+        if not isinstance(message, dict) or not isinstance(message.get("content"), str | list):
+            return False
+        for block in content_blocks(message):
+            if not isinstance(block, dict):
+                return False
+            nested = block.get("content")
+            if isinstance(nested, list) and not all(isinstance(b, dict) for b in nested):
+                return False
+    return True
+
+
 def rule_violations(body: Mapping[str, Any]) -> list[str]:
     """What Anthropic's rules (made strict on alternation) reject in `body` (empty: none)."""
     messages = [m for m in body.get("messages") or [] if isinstance(m, Mapping)]
@@ -86,3 +118,154 @@ def rule_violations(body: Mapping[str, Any]) -> list[str]:
         if block.get("type") in ("thinking", "redacted_thinking"):
             found.append("thinking blocks cannot carry cache_control")
     return found
+
+
+# --- the fake server ------------------------------------------------------------------------
+
+SUMMARY_REPLY = "SUMMARY: the agent read files and ran tests"
+
+
+def prompt_tokens(body: Mapping[str, Any]) -> int:
+    """The fake's own count of a prompt: a token per 4 bytes of its JSON (system, tools and
+    messages), apart from the proxy's counter."""
+    shown = {k: body.get(k) for k in ("system", "tools", "messages")}
+    return len(orjson.dumps(shown)) // 4
+
+
+def anthropic_error(status: int, kind: str, message: str) -> JSONResponse:
+    return JSONResponse(
+        {"type": "error", "error": {"type": kind, "message": message}}, status_code=status
+    )
+
+
+def sse_event(name: str, data: Mapping[str, Any]) -> bytes:
+    return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+
+
+@dataclass(slots=True)
+class Received:
+    """One request the fake received."""
+
+    path: str
+    headers: dict[str, str]
+    raw: bytes
+
+    def json(self) -> Any:
+        return orjson.loads(self.raw)
+
+
+@dataclass(slots=True)
+class FakeAnthropic:
+    """`POST /v1/messages` (JSON or stream) and `POST /v1/messages/count_tokens`, enforcing the
+    rules above and a window with Anthropic's overflow phrasing; usage reports the configured
+    share of the prompt as cache reads and writes."""
+
+    window: int | None = None
+    cache_read: int = 0
+    cache_write: int = 0
+    reply: str = "Hello from Claude"
+    error: tuple[int, bytes] | None = None  # answer every message request with this
+    received: list[Received] = field(default_factory=list)
+    rejected: list[str] = field(default_factory=list)
+    app: Starlette = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.app = Starlette(
+            routes=[
+                Route("/v1/messages", self._messages, methods=["POST"]),
+                Route("/v1/messages/count_tokens", self._count, methods=["POST"]),
+            ]
+        )
+
+    @property
+    def messages_requests(self) -> list[Received]:
+        """The client's requests (summaries aside)."""
+        return [r for r in self.received if r.path == "/v1/messages" and not _summary(r.json())]
+
+    @property
+    def summary_requests(self) -> list[Received]:
+        return [r for r in self.received if r.path == "/v1/messages" and _summary(r.json())]
+
+    async def _record(self, request: Request) -> Received:
+        received = Received(request.url.path, dict(request.headers), await request.body())
+        self.received.append(received)
+        return received
+
+    async def _count(self, request: Request) -> Response:
+        received = await self._record(request)
+        return JSONResponse({"input_tokens": prompt_tokens(received.json())})
+
+    async def _messages(self, request: Request) -> Response:
+        received = await self._record(request)
+        if self.error is not None:
+            return Response(self.error[1], self.error[0], media_type="application/json")
+        body = received.json()
+        problems = [] if well_formed(body) else ["messages: malformed"]
+        problems = problems or rule_violations(body)
+        if problems:
+            self.rejected.append(problems[0])
+            return anthropic_error(400, "invalid_request_error", problems[0])
+        prompt = prompt_tokens(body)
+        if self.window is not None and prompt > self.window:
+            message = f"prompt is too long: {prompt} tokens > {self.window} maximum"
+            self.rejected.append(message)
+            return anthropic_error(400, "invalid_request_error", message)
+        text = SUMMARY_REPLY if _summary(body) else self.reply
+        message = self._message(body, prompt, text)
+        if body.get("stream") is not True:
+            return JSONResponse(message)
+        return StreamingResponse(self._stream(message), media_type="text/event-stream")
+
+    def _message(self, body: Mapping[str, Any], prompt: int, text: str) -> dict[str, Any]:
+        read = min(self.cache_read, prompt)
+        written = min(self.cache_write, prompt - read)
+        return {
+            "id": "msg_fake",
+            "type": "message",
+            "role": "assistant",
+            "model": body.get("model"),
+            "content": [{"type": "text", "text": text}],
+            "stop_reason": "end_turn",
+            "stop_sequence": None,
+            "usage": {
+                "input_tokens": prompt - read - written,
+                "cache_read_input_tokens": read,
+                "cache_creation_input_tokens": written,
+                "output_tokens": len(text.split()),
+            },
+        }
+
+    async def _stream(self, message: dict[str, Any]) -> AsyncIterator[bytes]:
+        usage = message["usage"]
+        started = {
+            **message,
+            "content": [],
+            "stop_reason": None,
+            "usage": {**usage, "output_tokens": 1},
+        }
+        yield sse_event("message_start", {"type": "message_start", "message": started})
+        block = {"type": "text", "text": ""}
+        yield sse_event(
+            "content_block_start",
+            {"type": "content_block_start", "index": 0, "content_block": block},
+        )
+        yield sse_event("ping", {"type": "ping"})
+        for i, word in enumerate(message["content"][0]["text"].split(" ")):
+            delta = {"type": "text_delta", "text": (" " if i else "") + word}
+            yield sse_event(
+                "content_block_delta", {"type": "content_block_delta", "index": 0, "delta": delta}
+            )
+        yield sse_event("content_block_stop", {"type": "content_block_stop", "index": 0})
+        done = {"stop_reason": "end_turn", "stop_sequence": None}
+        output = {"output_tokens": usage["output_tokens"]}
+        yield sse_event("message_delta", {"type": "message_delta", "delta": done, "usage": output})
+        yield sse_event("message_stop", {"type": "message_stop"})
+
+
+def _summary(body: Any) -> bool:
+    """A summary request from the proxy: one user message asking for the summary."""
+    messages = body.get("messages") if isinstance(body, dict) else None
+    if not isinstance(messages, list) or len(messages) != 1:
+        return False
+    content = messages[0].get("content") if isinstance(messages[0], dict) else None
+    return isinstance(content, str) and "<transcript>" in content

@@ -264,7 +264,7 @@ async def test_no_unexpected_exception_from_compaction_ever(
         counter,
         WindowRegistry(table, None),
         summaries,
-        lambda model, headers: completer_for(fault),
+        lambda model, headers, api: completer_for(fault),
     )
     headers = {"x-compaction-context-limit": str(window), "x-compaction-strategy": strategy}
     preview = await service.plan(headers, {"model": "gpt-4o", "messages": messages}, "http://u/v1")

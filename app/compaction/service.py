@@ -33,7 +33,7 @@ from app.compaction.policy import (
 )
 from app.compaction.summary.prompt import Completer, SummaryFailed, SummaryUsage
 from app.compaction.summary.rolling import Summaries, SummaryJob, summary_budget
-from app.errors import ContextLengthExceeded, ProxyError
+from app.errors import BadRequest, ContextLengthExceeded, ProxyError
 from app.settings import OnOverflow, Settings
 from app.tokens.counter import TokenCounter, count_within
 from app.usage.summary_stats import count_fallback, summary_outcome
@@ -41,7 +41,8 @@ from app.windows.overflow import OverflowInfo, parse_overflow
 from app.windows.registry import WindowRegistry
 from app.windows.table import anthropic_betas, output_reserve
 
-CompleterFactory = Callable[[str, Mapping[str, str]], Completer]
+# (summary model, the client's headers, the client's API) -> where summaries are asked
+CompleterFactory = Callable[[str, Mapping[str, str], ApiName], Completer]
 PROMPT_OVERHEAD = 700  # the summary prompt's own instructions, in tokens
 # Planning bigger than this runs in a worker thread, so it never holds up the event loop.
 OFFLOAD_MESSAGES = 256
@@ -215,6 +216,8 @@ class CompactionService:
             return await self._counted(job, budget), None
         try:
             return await self._compact(job, pipeline, budget), None
+        except BadRequest:
+            raise  # the adapter's verdict: a body it cannot rewrite safely (400 naming why)
         except Exception as exc:  # any compaction bug: fall back, never a 500
             logger.exception("compaction failed for %s, falling back to trim", job.model)
             return await self._fallback(exc, job, pipeline, budget)
@@ -273,7 +276,7 @@ class CompactionService:
             messages=messages,
             plan=the_plan,
             model=job.summary_model,
-            complete=self._completer_for(job.summary_model, job.headers),
+            complete=self._completer_for(job.summary_model, job.headers, job.wire.api),
             summary_tokens=reserved,
             chunk_tokens=max(256, window.tokens - 2 * reserved - PROMPT_OVERHEAD),
             count_text=partial(self._counter.count_text, job.summary_model),

@@ -31,17 +31,19 @@ class KeyChecker:
     def __init__(self, keys: Sequence[SecretStr]) -> None:
         self._digests = [hashlib.sha256(k.get_secret_value().encode()).digest() for k in keys]
 
-    def check(self, authorization: str | None) -> str | None:
-        """Raise 401 unless the header carries a configured key (when keys are configured)."""
-        token = bearer_token(authorization)
+    def check(self, authorization: str | None, x_api_key: str | None = None) -> str | None:
+        """Raise 401 unless the caller sends a configured key (when keys are configured), as
+        `Authorization: Bearer <key>` (OpenAI's clients) or `x-api-key` (Anthropic's)."""
+        sent = [t for t in (bearer_token(authorization), (x_api_key or "").strip()) if t]
         if not self._digests:
-            return key_id(token) if token else None
-        if token is None:
-            raise Unauthorized("missing API key: send 'Authorization: Bearer <key>'")
-        digest = hashlib.sha256(token.encode()).digest()
-        matched = False
-        for expected in self._digests:  # no early exit: time does not depend on which matched
-            matched |= hmac.compare_digest(digest, expected)
-        if not matched:
-            raise Unauthorized("invalid API key")
-        return key_id(token)
+            return key_id(sent[0]) if sent else None
+        if not sent:
+            raise Unauthorized("missing API key: send 'Authorization: Bearer <key>' or 'x-api-key'")
+        for token in sent:
+            digest = hashlib.sha256(token.encode()).digest()
+            matched = False
+            for expected in self._digests:  # no early exit: time does not depend on which
+                matched |= hmac.compare_digest(digest, expected)
+            if matched:
+                return key_id(token)
+        raise Unauthorized("invalid API key")

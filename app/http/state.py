@@ -28,6 +28,7 @@ class AppState:
     keys: KeyChecker
     chat: ApiService  # one `ApiService` per compacting API
     responses: ApiService
+    messages: ApiService
     passthrough: PassthroughService
     counter: ChatTokenCounter
     compactor: CompactionService
@@ -48,7 +49,7 @@ async def require_client(request: Request) -> str | None:
     Dependencies are `async def` so FastAPI runs them inline, not in its thread pool.
     """
     state: AppState = request.app.state.inflight
-    key = state.keys.check(request.headers.get("authorization"))
+    key = state.keys.check(request.headers.get("authorization"), request.headers.get("x-api-key"))
     request.state.client_key_id = key
     return key
 

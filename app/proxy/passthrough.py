@@ -41,12 +41,22 @@ class PassthroughService:
         self._record = record
 
     async def handle(
-        self, request: Request, v1_path: str, client_key_id: str | None = None
+        self,
+        request: Request,
+        v1_path: str,
+        client_key_id: str | None = None,
+        *,
+        anthropic: bool = False,
     ) -> Response:
+        """Relay to the default upstream, or (`anthropic`: Anthropic's API beside
+        `/v1/messages`, e.g. `count_tokens`) to the Anthropic upstream, key in `x-api-key`."""
         started = time.perf_counter()
-        route = self._upstream.default_route
+        route = self._upstream.anthropic_route if anthropic else self._upstream.default_route
         headers = filter_request_headers(
-            request.headers.items(), api_key=route.api_key, identity=False
+            request.headers.items(),
+            api_key=route.api_key,
+            identity=False,
+            key_header="x-api-key" if anthropic else "authorization",
         )
         content = (
             limited_stream(request, self._settings.max_body_bytes) if _has_body(request) else None

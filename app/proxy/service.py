@@ -56,6 +56,8 @@ class Api:
     usage: Callable[[Any], Usage | None] = Usage.from_json  # a JSON answer's `usage` value
     stream_usage: StreamUsage | None = None  # ask a stream for usage (None: it always has it)
     error_body: Callable[[ProxyError], dict[str, Any]] = openai_error_body  # the error envelope
+    # Anthropic's API: sent to INFLIGHT_ANTHROPIC_UPSTREAM_URL, its key in `x-api-key`.
+    anthropic: bool = False
 
     def error_frame(self, error: ProxyError) -> bytes:
         """`error` as a final SSE event, for a stream that already started."""
@@ -212,13 +214,16 @@ class ApiService:
 
     async def _forward(self, request: Request, exchange: Exchange) -> Response:
         """Compact, send (retrying once after an overflow the compactor recovers), relay."""
-        route = self._upstream.route(exchange.model)
+        route = self._upstream.route(exchange.model, anthropic=self.api.anthropic)
         wire = self.api.wire
         exchange.compacted = await self._compactor.prepare(
             wire, exchange.request_headers, exchange.body, route.base_url
         )
         headers = filter_request_headers(
-            request.headers.items(), api_key=route.api_key, identity=True
+            request.headers.items(),
+            api_key=route.api_key,
+            identity=True,
+            key_header="x-api-key" if self.api.anthropic else "authorization",
         )
         url = self._upstream.url(route, self.api.upstream_path, request.url.query.encode())
         while True:

@@ -53,7 +53,6 @@ class Usage:
             _int_or_none(cached),
         )
 
-
     @classmethod
     def from_anthropic(cls, usage: Any) -> Usage | None:
         """Anthropic Messages usage: the prompt is `input_tokens` (what missed the cache) plus

@@ -13,10 +13,13 @@ import httpx
 import orjson
 
 from app.errors import UpstreamTimeout, UpstreamUnavailable
+from app.proxy.sse_tap import Usage
 from app.settings import Settings
 from app.windows.table import Route
 
 logger = logging.getLogger(__name__)
+
+KeyHeader = Literal["authorization", "x-api-key"]  # where an upstream reads its API key
 
 # RFC 9110 §7.6.1 hop-by-hop headers, plus the ones httpx or the ASGI server sets itself.
 HOP_BY_HOP = frozenset(
@@ -86,6 +89,11 @@ def upstream_errors(url: str | httpx.URL, stage: Stage) -> Iterator[None]:
         raise translate(exc, url, stage) from exc
 
 
+def _same_origin(a: str, b: str) -> bool:
+    first, second = httpx.URL(a), httpx.URL(b)
+    return (first.scheme, first.host, first.port) == (second.scheme, second.host, second.port)
+
+
 class _NoCookieJar(CookieJar):
     """One pooled client serves every client of the proxy: an upstream's `Set-Cookie` is
     relayed to the client that got it and never stored, or it would be replayed upstream on
@@ -113,12 +121,17 @@ def _connection_tokens(headers: Iterable[tuple[str, str]]) -> set[str]:
 
 
 def filter_request_headers(
-    headers: Iterable[tuple[str, str]], *, api_key: str | None, identity: bool
+    headers: Iterable[tuple[str, str]],
+    *,
+    api_key: str | None,
+    identity: bool,
+    key_header: KeyHeader = "authorization",
 ) -> list[tuple[str, str]]:
     """Client headers to send upstream: hop-by-hop and our own controls removed.
 
-    `api_key` replaces the client's Authorization when set; `identity` asks the upstream for an
-    uncompressed body (needed where the proxy reads the answer, e.g. chat usage).
+    `api_key` replaces the client's credentials when set: `Authorization: Bearer` (OpenAI), or
+    `x-api-key` with the client's Authorization dropped (Anthropic); `identity` asks the
+    upstream for an uncompressed body (needed where the proxy reads the answer, e.g. usage).
     """
     pairs = list(headers)
     drop = _REQUEST_DROP | _connection_tokens(pairs)
@@ -128,8 +141,9 @@ def filter_request_headers(
         if k.lower() not in drop and not k.lower().startswith("x-compaction-")
     ]
     if api_key is not None:
-        out = [(k, v) for k, v in out if k.lower() != "authorization"]
-        out.append(("authorization", f"Bearer {api_key}"))
+        out = [(k, v) for k, v in out if k.lower() not in ("authorization", key_header)]
+        value = f"Bearer {api_key}" if key_header == "authorization" else api_key
+        out.append((key_header, value))
     if identity:
         out = [(k, v) for k, v in out if k.lower() != "accept-encoding"]
         out.append(("accept-encoding", "identity"))
@@ -156,6 +170,11 @@ class Upstream:
             settings.upstream_url,
             settings.upstream_api_key.get_secret_value() if settings.upstream_api_key else None,
         )
+        anthropic_key = settings.anthropic_api_key
+        self._anthropic = Route(
+            settings.anthropic_upstream_url,
+            anthropic_key.get_secret_value() if anthropic_key else None,
+        )
         self._routes = routes
         self._probe_timeout = settings.discovery_timeout
         self.client = httpx.AsyncClient(
@@ -180,13 +199,20 @@ class Upstream:
     def default_route(self) -> Route:
         return self._default
 
-    def route(self, model: str | None) -> Route:
-        """The upstream for `model`: its `models.toml` entry, else `INFLIGHT_UPSTREAM_URL`."""
+    @property
+    def anthropic_route(self) -> Route:
+        """`INFLIGHT_ANTHROPIC_UPSTREAM_URL` and `INFLIGHT_ANTHROPIC_API_KEY`."""
+        return self._anthropic
+
+    def route(self, model: str | None, *, anthropic: bool = False) -> Route:
+        """The upstream for `model`: its `models.toml` entry, else `INFLIGHT_UPSTREAM_URL`
+        (`INFLIGHT_ANTHROPIC_UPSTREAM_URL` for Anthropic's API), whose key it falls back to."""
+        default = self._anthropic if anthropic else self._default
         if model and self._routes is not None:
             found = self._routes.route_for(model)
             if found is not None:
-                return Route(found.base_url, found.api_key or self._default.api_key)
-        return self._default
+                return Route(found.base_url, found.api_key or default.api_key)
+        return default
 
     @staticmethod
     def url(route: Route, v1_path: str, query: bytes = b"") -> str:
@@ -214,9 +240,12 @@ class Upstream:
             return await self.client.send(request, stream=True)
 
     async def fetch_json(self, method: str, url: str, json: Any | None = None) -> Any | None:
-        """A short, never-fatal JSON probe (window discovery, readiness); None on any failure."""
+        """A short, never-fatal JSON probe (window discovery, readiness); None on any failure.
+
+        The default upstream's key goes only to that upstream's own origin: discovery also
+        probes Anthropic's upstream and per-model ones, which must never receive it."""
         headers = {"accept": "application/json"}
-        if self._default.api_key:
+        if self._default.api_key and _same_origin(url, self._default.base_url):
             headers["authorization"] = f"Bearer {self._default.api_key}"
         try:
             response = await self.client.request(
@@ -263,18 +292,78 @@ def summary_completer(
 ) -> Callable[[dict[str, Any]], Awaitable[tuple[int, bytes]]]:
     """A `Completer` for summary requests: the model's route, the client's credentials (or the
     configured upstream key), a bounded deadline; transport failures become `SummaryFailed`."""
+    route = upstream.route(model)
+    headers = filter_request_headers(
+        [(k, v) for k, v in client_headers.items() if k.lower() in _SUMMARY_HEADERS],
+        api_key=route.api_key,
+        identity=True,
+    )
+    url = upstream.url(route, "/chat/completions")
+    return _completer(upstream, url, headers, deadline, lambda status, content: content)
+
+
+_ANTHROPIC_HEADERS = frozenset(
+    {"authorization", "x-api-key", "anthropic-version", "anthropic-beta"}
+)
+ANTHROPIC_VERSION = "2023-06-01"  # sent when the client named none (the API requires one)
+
+
+def anthropic_summary_completer(
+    upstream: Upstream, model: str, client_headers: Mapping[str, str], deadline: float
+) -> Callable[[dict[str, Any]], Awaitable[tuple[int, bytes]]]:
+    """A `Completer` for a Messages client's summaries: the summary request (a valid Messages
+    body as it is) goes to the model's Anthropic route with the client's `x-api-key` (or
+    `INFLIGHT_ANTHROPIC_API_KEY`) and `anthropic-version`; the answer is read back as the chat
+    completion the summariser parses (text, and usage with cache reads and writes)."""
+    route = upstream.route(model, anthropic=True)
+    headers = filter_request_headers(
+        [(k, v) for k, v in client_headers.items() if k.lower() in _ANTHROPIC_HEADERS],
+        api_key=route.api_key,
+        identity=True,
+        key_header="x-api-key",
+    )
+    if not any(k.lower() == "anthropic-version" for k, _ in headers):
+        headers.append(("anthropic-version", ANTHROPIC_VERSION))
+    url = upstream.url(route, "/messages")
+    return _completer(upstream, url, headers, deadline, _as_chat_completion)
+
+
+def _as_chat_completion(status: int, content: bytes) -> bytes:
+    """An Anthropic message as a chat completion (its text, its usage); errors as they are."""
+    if status >= 400:
+        return content
+    try:
+        message = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        return content
+    blocks = message.get("content") if isinstance(message, dict) else None
+    if not isinstance(blocks, list):
+        return content
+    text = "".join(
+        b["text"] for b in blocks if isinstance(b, dict) and isinstance(b.get("text"), str)
+    )
+    usage = Usage.from_anthropic(message.get("usage")) or Usage()
+    return orjson.dumps(
+        {
+            "choices": [{"message": {"role": "assistant", "content": text}}],
+            "usage": {
+                "prompt_tokens": usage.prompt_tokens or 0,
+                "completion_tokens": usage.completion_tokens or 0,
+            },
+        }
+    )
+
+
+def _completer(
+    upstream: Upstream,
+    url: str,
+    headers: list[tuple[str, str]],
+    deadline: float,
+    convert: Callable[[int, bytes], bytes],
+) -> Callable[[dict[str, Any]], Awaitable[tuple[int, bytes]]]:
     from app.compaction.summary.prompt import SummaryFailed
 
-    route = upstream.route(model)
-    url = upstream.url(route, "/chat/completions")
-    headers = [
-        *filter_request_headers(
-            [(k, v) for k, v in client_headers.items() if k.lower() in _SUMMARY_HEADERS],
-            api_key=route.api_key,
-            identity=True,
-        ),
-        ("content-type", "application/json"),
-    ]
+    headers = [*headers, ("content-type", "application/json")]
 
     async def complete(body: dict[str, Any]) -> tuple[int, bytes]:
         try:
@@ -282,7 +371,8 @@ def summary_completer(
                 response = await upstream.send(
                     "POST", url, headers, orjson.dumps(body), deadline=deadline
                 )
-                return response.status_code, await read_all(response)
+                status = response.status_code
+                return status, convert(status, await read_all(response))
         except TimeoutError as exc:
             raise SummaryFailed(f"summariser took longer than {deadline:g}s") from exc
         except (UpstreamTimeout, UpstreamUnavailable) as exc:

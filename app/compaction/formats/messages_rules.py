@@ -119,6 +119,7 @@ def _pairing_problems(messages: Sequence[Any]) -> Iterator[Problem]:
                 if block.get("tool_use_id") not in calls:
                     yield Problem(
                         f"messages.{i}.content.{j}.tool_use_id",
+                        f"messages.{i}.content.{j}.tool_use_id: "
                         f"unexpected `tool_use_id` found in `tool_result` blocks: "
                         f"{block.get('tool_use_id')}. Each `tool_result` block must have a "
                         "corresponding `tool_use` block in the previous message.",
@@ -137,6 +138,7 @@ def _pairing_problems(messages: Sequence[Any]) -> Iterator[Problem]:
             if block.get("id") not in answered:
                 yield Problem(
                     f"messages.{i}.content.{j}",
+                    f"messages.{i}.content.{j}: "
                     f"`tool_use` ids were found without `tool_result` blocks immediately "
                     f"after: {block.get('id')}. Each `tool_use` block must have a corresponding "
                     "`tool_result` block in the next message.",

@@ -1,0 +1,44 @@
+"""`POST /v1/messages` (Anthropic's Messages API), and its other paths (`count_tokens`,
+`batches`) passed through to the Anthropic upstream."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+from starlette.responses import Response
+
+from app.http.routes.passthrough import METHODS
+from app.http.state import State, api_client, require_client
+from app.proxy.messages import anthropic_error_body
+
+router = APIRouter()
+
+
+async def messages_client(request: Request, state: State) -> str | None:
+    return await api_client(request, state.messages)
+
+
+async def anthropic_client(request: Request) -> str | None:
+    """Authenticate a passthrough request to Anthropic's API; errors in its envelope."""
+    request.state.error_body = anthropic_error_body
+    return await require_client(request)
+
+
+@router.post("/v1/messages", response_model=None)
+async def create_message(
+    request: Request, state: State, client: Annotated[str | None, Depends(messages_client)]
+) -> Response:
+    return await state.messages.handle(request, client)
+
+
+@router.api_route(
+    "/v1/messages/{path:path}", methods=METHODS, response_model=None, include_in_schema=False
+)
+async def messages_passthrough(
+    path: str,
+    request: Request,
+    state: State,
+    client: Annotated[str | None, Depends(anthropic_client)],
+) -> Response:
+    return await state.passthrough.handle(request, f"/messages/{path}", client, anthropic=True)

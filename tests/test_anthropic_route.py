@@ -19,6 +19,7 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from app.factory import create_app
+from app.proxy.upstream import Upstream
 from app.settings import Settings
 from tests.anthropic_conversations import from_chat
 from tests.conftest import make_settings
@@ -417,3 +418,24 @@ async def test_no_body_is_a_500(client: httpx.AsyncClient, messages: Any, limit:
     body = {"model": "claude-sonnet-4-5", "max_tokens": 16, "messages": messages}
     response = await post(client, body, **{"x-compaction-context-limit": limit})
     assert response.status_code < 500, response.text
+
+
+async def test_discovery_probes_carry_the_default_key_to_its_own_origin_only(
+    tmp_path: Path,
+) -> None:
+    """Regression: window discovery for a Messages request probes the Anthropic upstream, and
+    the OpenAI upstream's key went along with every probe."""
+    settings = make_settings(
+        tmp_path, anthropic_upstream_url=ANTHROPIC, upstream_api_key="sk-openai-secret"
+    )
+    with respx.mock(assert_all_called=False) as mock:
+        probe = mock.get(url__regex=r".*").respond(json={"data": []})
+        upstream = Upstream(settings)
+        try:
+            await upstream.fetch_json("GET", "http://anthropic.test/v1/models")
+            await upstream.fetch_json("GET", "http://upstream.test/props")
+        finally:
+            await upstream.aclose()
+    anthropic_probe, own_probe = (call.request for call in probe.calls)
+    assert "authorization" not in anthropic_probe.headers
+    assert own_probe.headers["authorization"] == "Bearer sk-openai-secret"

@@ -13,7 +13,7 @@ from typing import Any
 
 from app.compaction.formats.messages import MessagesFormat
 from app.errors import ProxyError
-from app.http.body import check_stream, parse_model_body
+from app.proxy.responses import parse_responses_body
 from app.proxy.service import Api
 from app.proxy.sse_tap import Usage
 
@@ -35,18 +35,11 @@ def anthropic_error_body(error: ProxyError) -> dict[str, Any]:
     return {"type": "error", "error": {"type": kind, "message": error.message}}
 
 
-def parse_messages_body(raw: bytes) -> dict[str, Any]:
-    """Parse a Messages request: an object with a `model` and a boolean `stream` if any."""
-    body = parse_model_body(raw)
-    check_stream(body)
-    return body
-
-
 MESSAGES_API = Api(
     route="/v1/messages",
     upstream_path="/messages",
     wire=MessagesFormat(),
-    parse_body=parse_messages_body,
+    parse_body=parse_responses_body,  # the same check: an object naming its model
     usage=Usage.from_anthropic,
     error_body=anthropic_error_body,
     anthropic=True,

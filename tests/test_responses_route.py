@@ -156,10 +156,14 @@ async def test_the_stream_is_relayed_as_it_came_and_usage_read_from_response_com
             "compaction item",
         ),
         (
-            {"input": [*agent_items(), {"type": "function_call_output", "call_id": "x",
-                                         "output": "late"}]},
+            {
+                "input": [
+                    *agent_items(),
+                    {"type": "function_call_output", "call_id": "x", "output": "late"},
+                ]
+            },
             "orphan function_call_output",
-        ),  # fmt: skip
+        ),
     ],
 )
 async def test_what_the_proxy_cannot_see_whole_is_forwarded_as_received(
@@ -225,13 +229,36 @@ async def test_an_overflow_is_compacted_and_retried_once_before_any_byte(
     assert len(fake.rejected) == 1
 
 
+async def test_an_overflow_a_stream_reports_after_it_started_teaches_the_next_request(
+    client: httpx.AsyncClient, fake: FakeResponsesUpstream
+) -> None:
+    """OpenAI reports a too-long input in a stream as an `error` event after `response.created`:
+    too late to retry (bytes went out), so it is relayed — and the bound it sets holds for the
+    next request, which is compacted before it is sent."""
+    fake.context_window = 12_000
+    fake.overflow_in_stream = True
+    body = {"model": "gpt-4.1", "input": agent_items(rounds=16, size=900), "stream": True}
+    async with client.stream("POST", "/v1/responses", content=orjson.dumps(body)) as response:
+        assert response.status_code == 200
+        streamed = b"".join([chunk async for chunk in response.aiter_raw()])
+    assert b"context_length_exceeded" in streamed
+    assert len(fake.responses_requests) == 1  # no retry after bytes went out
+    async with client.stream("POST", "/v1/responses", content=orjson.dumps(body)) as again:
+        assert again.status_code == 200
+        assert again.headers["x-compaction-applied"] != "none"
+        streamed = b"".join([chunk async for chunk in again.aiter_raw()])
+    assert streamed.rstrip().split(b"\n")[-2] == b"event: response.completed"
+    assert len(fake.rejected) == 1
+
+
 async def test_stats_count_responses_requests_apart(
     client: httpx.AsyncClient, store: WatchedStore
 ) -> None:
     await post(client, {"model": "gpt-4.1", "input": [USER]})
     await post(client, {"model": "gpt-4.1", "input": 7})
     await client.post(
-        "/v1/chat/completions", json={"model": "gpt-4.1", "messages": [{"role": "user", "content": "x"}]}
+        "/v1/chat/completions",
+        json={"model": "gpt-4.1", "messages": [{"role": "user", "content": "x"}]},
     )
     await store.written(3)
     stats = (await client.get("/stats")).json()
@@ -246,7 +273,9 @@ async def test_preview_and_count_take_a_responses_body(client: httpx.AsyncClient
     headers = {"X-Compaction-Context-Limit": "8192"}
     if how == "header":
         headers["X-Compaction-Format"] = "responses"
-    preview = await client.post("/v1/compaction/preview", content=orjson.dumps(body), headers=headers)
+    preview = await client.post(
+        "/v1/compaction/preview", content=orjson.dumps(body), headers=headers
+    )
     assert preview.status_code == 200, preview.text
     shown = preview.json()
     assert shown["input"][0] == USER

@@ -36,6 +36,7 @@ pytestmark = pytest.mark.e2e
 
 REQUEST_TIMEOUT = 10.0
 CHAT = "/v1/chat/completions"
+RELAYED = (CHAT, "/v1/responses")  # their other methods are the upstream's own API
 
 
 def _document() -> dict[str, Any]:
@@ -68,9 +69,9 @@ def proxy(tmp_path: Path, fake: FakeUpstream) -> Iterator[str]:
 
 
 def _relayed(response: Response, case: Case) -> bool:
-    """Other methods on chat completions go to the upstream's own API (see below) and come back
-    verbatim (the fake answers PATCH with Starlette's plain-text 405)."""
-    return case.operation.path == CHAT and response.request.method != "POST"
+    """Other methods on chat completions and responses go to the upstream's own API (see below)
+    and come back verbatim (the fake answers PATCH with Starlette's plain-text 405)."""
+    return case.operation.path in RELAYED and response.request.method != "POST"
 
 
 def openai_error_envelope(ctx: CheckContext, response: Response, case: Case) -> bool | None:
@@ -121,9 +122,10 @@ def valid_data_accepted(ctx: CheckContext, response: Response, case: Case) -> bo
 
 
 def undeclared_method_refused(ctx: CheckContext, response: Response, case: Case) -> bool | None:
-    """Schemathesis' `unsupported_method` (405 with `Allow`), except on chat completions: there
-    the proxy handles POST itself and relays every other method to the upstream's own API (OpenAI
-    has GET and DELETE on /v1/chat/completions[/{id}] for stored completions)."""
+    """Schemathesis' `unsupported_method` (405 with `Allow`), except on chat completions and
+    responses: there the proxy handles POST itself and relays every other method to the
+    upstream's own API (OpenAI has GET and DELETE on /v1/chat/completions[/{id}] and
+    /v1/responses/{id} for stored completions and responses)."""
     if _relayed(response, case):
         return None
     return unsupported_method(ctx, response, case)

@@ -339,6 +339,30 @@ class CompactionService:
             summary_model=preview.summary_model,
         )
 
+    def learn(
+        self,
+        wire: WireFormat,
+        body: Mapping[str, Any],
+        failed: Compacted,
+        overflow: tuple[str, int, bytes],
+    ) -> OverflowInfo | None:
+        """What an upstream overflow error (`overflow`: base URL, status, body) on what `failed`
+        sent teaches, taken in: the window it states — or, stating no number, the bound what
+        failed sets — and the prompt size it states (recalibrates the counter). None when it is
+        no overflow or teaches nothing. Also after a stream that reported it once started."""
+        base_url, status, content = overflow
+        info = parse_overflow(status, content)
+        if info is not None and info.window is None and info.prompt_tokens is None:
+            info = _bound(wire, body, failed)
+        if info is None:
+            return None
+        model: str = body["model"]
+        if info.window is not None:
+            self._windows.learn(base_url, model, info.window)
+        if info.prompt_tokens is not None:
+            self._counter.observe(model, failed.view, info.prompt_tokens, overflowed=True)
+        return info
+
     async def recover(
         self,
         wire: WireFormat,
@@ -351,17 +375,11 @@ class CompactionService:
         learn the window it states, recalibrate the counter on the prompt size it states
         (DESIGN.md §8), and compact `body` (as received) again. A new `Compacted` (retry once)
         only when that changes what is sent: the same prompt would fail the same way."""
-        base_url, status, content = overflow
-        info = parse_overflow(status, content)
-        if info is not None and info.window is None and info.prompt_tokens is None:
-            info = _bound(wire, body, failed)
+        base_url = overflow[0]
+        info = self.learn(wire, body, failed, overflow)
         if info is None:
             return None
         model: str = body["model"]
-        if info.window is not None:
-            self._windows.learn(base_url, model, info.window)
-        if info.prompt_tokens is not None:
-            self._counter.observe(model, failed.view, info.prompt_tokens, overflowed=True)
         preview = await self.plan(headers, body, base_url, wire=wire)
         if info.window is not None and info.window < preview.window:
             logger.warning(

@@ -186,9 +186,11 @@ def errors(*statuses: int) -> dict[str, JSONSchema]:
     }
 
 
-def _chat_operation(success: dict[str, JSONSchema], statuses: tuple[int, ...]) -> JSONSchema:
+def _chat_operation(
+    success: dict[str, JSONSchema], statuses: tuple[int, ...], request: JSONSchema = CHAT_REQUEST
+) -> JSONSchema:
     return {
-        "requestBody": {"required": True, "content": _json(CHAT_REQUEST)},
+        "requestBody": {"required": True, "content": _json(request)},
         "parameters": CONTROL_HEADERS,
         "responses": {**success, **errors(*statuses)},
     }
@@ -244,11 +246,19 @@ _REPORT_FIELDS: JSONSchema = {
     "encoding": _NULLABLE_STRING,
 }
 
+# `/v1/compaction/*` take a body of any compacting API: `X-Compaction-Format` names it, else
+# `input` means Responses (DESIGN.md §8); the preview answers with that API's history field.
+COMPACTION_REQUEST: JSONSchema = {
+    "anyOf": [CHAT_REQUEST, {**RESPONSES_REQUEST, "required": ["model", "input"]}],
+}
+
 PREVIEW_RESPONSE: JSONSchema = {
     "type": "object",
-    "required": ["messages", "report"],
+    "required": ["report"],
+    "anyOf": [{"required": ["messages"]}, {"required": ["input"]}],
     "properties": {
         "messages": {"type": "array", "items": {"type": "object"}},
+        "input": {"type": ["array", "string", "null"], "items": {"type": "object"}},
         "report": {
             "type": "object",
             "required": ["applied", "tokens_before", "tokens_after", *_REPORT_FIELDS],
@@ -289,10 +299,12 @@ PREVIEW = _chat_operation(
         }
     },
     (400, 401, 413),
+    COMPACTION_REQUEST,
 )
 COUNT = _chat_operation(
     {"200": {"description": "Prompt tokens against the window", "content": _json(COUNT_RESPONSE)}},
     (400, 401, 413),
+    COMPACTION_REQUEST,
 )
 
 _READINESS: JSONSchema = {

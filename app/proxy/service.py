@@ -230,7 +230,7 @@ class ApiService:
             forward, tap = self._with_stream_usage(exchange)
             upstream = await self._upstream.send("POST", url, headers, forward)
             if upstream.status_code < 400 and tap is not None:
-                return self._relay_stream(exchange, upstream, tap)
+                return self._relay_stream(exchange, upstream, tap, route.base_url)
             content = await read_all(upstream)
             if upstream.status_code >= 400 and not exchange.retried:
                 retry = await self._compactor.recover(
@@ -280,7 +280,7 @@ class ApiService:
         return relayed + list(exchange.headers.items())
 
     def _relay_stream(
-        self, exchange: Exchange, upstream: httpx.Response, tap: SSETap
+        self, exchange: Exchange, upstream: httpx.Response, tap: SSETap, base_url: str
     ) -> RelayResponse:
         exchange.status = upstream.status_code
 
@@ -288,6 +288,11 @@ class ApiService:
             exchange.outcome = result.outcome
             exchange.ttfb = result.ttfb
             exchange.usage = tap.usage
+            if tap.error is not None and exchange.compacted is not None:
+                # An overflow the stream reported once started (OpenAI's Responses API does) is
+                # too late to retry; what it teaches holds for the next request.
+                failure = (base_url, 400, orjson.dumps({"error": tap.error}))
+                self._compactor.learn(self.api.wire, exchange.body, exchange.compacted, failure)
             await self._finish(exchange)
 
         return RelayResponse(

@@ -19,6 +19,7 @@ from bench import (
     compaction,
     cost,
     facts,
+    hot_path,
     latency,
     load,
     overhead,
@@ -28,7 +29,7 @@ from bench import (
 from bench.litellm import ensure_installed, litellm_proxy
 from bench.procs import bare_relay, fake_upstream, proxy, proxy_process
 
-SECTIONS = ("latency", "load", "tokens", "compaction", "cost", "cache", "facts")
+SECTIONS = ("hot", "latency", "load", "tokens", "compaction", "cost", "cache", "facts")
 
 
 def main() -> None:
@@ -39,6 +40,24 @@ def main() -> None:
     args = parser.parse_args()
     only = set(args.only or SECTIONS)
     print(f"# inflight benchmark (Python {platform.python_version()}, {os.cpu_count()} cores)\n")
+    if "hot" in only:
+        with ExitStack() as stack:
+            upstream = stack.enter_context(fake_upstream())
+            targets = {
+                "direct": upstream,
+                "bare relay": stack.enter_context(bare_relay(upstream)),
+                "inflight": stack.enter_context(
+                    proxy(
+                        upstream,
+                        {"INFLIGHT_DATABASE_URL": "none", "INFLIGHT_CONTEXT_LIMIT": "131072"},
+                    )
+                ),
+            }
+            print("## The hot path: inflight against a bare relay as conversations grow\n")
+            print(hot_path.added_latency(targets, n=args.n) + "\n")
+        print(hot_path.own_work() + "\n")
+        print(hot_path.cold_counting() + "\n")
+        print(hot_path.event_plan_times() + "\n")
     if "latency" in only:
         litellm = None if args.no_litellm else ensure_installed()
         with ExitStack() as stack:
@@ -63,6 +82,7 @@ def main() -> None:
             print("## Throughput, and the cost of recording usage\n")
             targets = {
                 "direct": upstream,
+                "bare relay (FastAPI + httpx)": stack.enter_context(bare_relay(upstream)),
                 "inflight (usage in SQLite)": stored,
                 "inflight (recording off)": unrecorded,
             }

@@ -55,9 +55,13 @@ def throughput_report(
             failed[name] += failures
     medians = {name: statistics.median(values) for name, values in rates.items()}
     base = medians["direct"]
-    lines = ["| target | requests/s (median) | vs direct | failed |", "|---|---:|---:|---:|"]
+    relay = next((r for name, r in medians.items() if name.startswith("bare relay")), base)
+    lines = [
+        "| target | requests/s (median) | vs direct | vs bare relay | failed |",
+        "|---|---:|---:|---:|---:|",
+    ]
     lines += [
-        f"| {name} | {rate:.0f} | {rate / base:.2f}× | {failed[name]} |"
+        f"| {name} | {rate:.0f} | {rate / base:.2f}× | {rate / relay:.2f}× | {failed[name]} |"
         for name, rate in medians.items()
     ]
     return (

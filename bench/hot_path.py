@@ -1,0 +1,244 @@
+"""The hot path (issue 16): what inflight adds against a bare relay as conversations grow.
+
+- Added latency on loopback for a 60-message request and a 300-message session (each request
+  the previous one plus a message), JSON and stream time to first byte, with the ratio of
+  inflight's added latency to a bare FastAPI + httpx relay's, both against the same upstream.
+- inflight's own work in process (ASGI app, in-memory upstream, minus the same bare relay) for
+  a 2,000-message conversation that gains one message a request.
+- Cold counting of a 300-message transcript, and plan time at the compaction events of the
+  transcripts (a request whose cut moved), p50 and p99.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import httpx
+import orjson
+
+from app.cli.simulate import request_points
+from app.compaction.engine import compact
+from app.compaction.policy import Budget, StrategyName
+from app.factory import create_app
+from app.settings import Settings
+from app.tokens.counter import ChatTokenCounter, count_within
+from app.tokens.encodings import load_encodings
+from bench.overhead import _bare_relay, _upstream
+from tests.support import load_traces
+
+Messages = list[dict[str, Any]]
+HEADERS = {"authorization": "Bearer sk-bench-key", "content-type": "application/json"}
+
+
+def conversation(size: int, words: int) -> Messages:
+    """An agent conversation: system, task, then tool rounds of `words`-word outputs."""
+    messages: Messages = [
+        {"role": "system", "content": "You are a coding agent. " * 20},
+        {"role": "user", "content": "Fix the failing test in the repository."},
+    ]
+    i = 0
+    while len(messages) < size:
+        arguments = orjson.dumps({"cmd": f"grep -rn 'case {i}' src/"}).decode()
+        call = {
+            "id": f"c{i}",
+            "type": "function",
+            "function": {"name": "bash", "arguments": arguments},
+        }
+        messages.append({"role": "assistant", "content": f"Step {i}.", "tool_calls": [call]})
+        text = " ".join(
+            f"src/m{i}.py:{j}: case {j} {'ok' if j % 3 else '[x]'}" for j in range(words)
+        )
+        messages.append({"role": "tool", "tool_call_id": f"c{i}", "content": text})
+        i += 1
+    return messages[:size]
+
+
+def growing(messages: Messages, start: int, count: int) -> Iterator[bytes]:
+    """Request bodies of a session: `start` messages, then one more each request."""
+    for k in range(start, start + count):
+        yield orjson.dumps({"model": "bench", "messages": messages[: min(k, len(messages))]})
+
+
+# -- added latency over loopback -------------------------------------------------------------
+
+
+def _time(client: httpx.Client, url: str, body: bytes, stream: bool) -> float:
+    """ms: the whole JSON answer, or the first byte of a stream."""
+    content = body if not stream else body[:-1] + b',"stream":true}'
+    start = time.perf_counter()
+    if not stream:
+        client.post(url + "/chat/completions", content=content).raise_for_status()
+        return (time.perf_counter() - start) * 1000
+    with client.stream("POST", url + "/chat/completions", content=content) as response:
+        response.raise_for_status()
+        first = 0.0
+        for _ in response.iter_raw():
+            first = first or (time.perf_counter() - start) * 1000
+        return first
+
+
+def added_latency(targets: dict[str, str], n: int = 200) -> str:
+    """Targets: "direct", "bare relay", "inflight" base URLs. Interleaved request by request."""
+    cases = {
+        "60 messages (~20k tokens)": (conversation(60, 75), 60, False),
+        "300-message session (~45k tokens)": (conversation(360, 30), 300, True),
+    }
+    lines = [
+        "| request | mode | direct p50 ms | bare relay adds | inflight adds | inflight / relay |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    with httpx.Client(timeout=60, headers=HEADERS) as client:
+        for label, (messages, start, grows) in cases.items():
+            for mode in ("json", "stream TTFB"):
+                samples: dict[str, list[float]] = {name: [] for name in targets}
+                bodies = list(growing(messages, start, n if grows else 1))
+                for url in targets.values():  # warm-up (the session's first request)
+                    for _ in range(10):
+                        _time(client, url, bodies[0], mode != "json")
+                for i in range(n):
+                    for name, url in targets.items():
+                        body = bodies[i % len(bodies)]
+                        samples[name].append(_time(client, url, body, mode != "json"))
+                p50 = {name: statistics.median(s) for name, s in samples.items()}
+                relay, ours = p50["bare relay"] - p50["direct"], p50["inflight"] - p50["direct"]
+                lines.append(
+                    f"| {label} | {mode} | {p50['direct']:.2f} | {relay:.2f} | {ours:.2f} | "
+                    f"{ours / relay:.2f}× |"
+                )
+    return (
+        f"Added latency on loopback, p50 of {n} requests per target, interleaved (the session "
+        "adds a message each request):\n\n" + "\n".join(lines)
+    )
+
+
+# -- inflight's own work, in process ---------------------------------------------------------
+
+
+async def _ms_per_request(
+    app: Any, bodies: Sequence[bytes], rounds: int, warm: Sequence[bytes]
+) -> float:
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as client:
+        for body in warm:
+            (
+                await client.post("/v1/chat/completions", content=body, headers=HEADERS)
+            ).raise_for_status()
+        samples = []
+        for _ in range(rounds):
+            for body in bodies:
+                start = time.perf_counter()
+                await client.post("/v1/chat/completions", content=body, headers=HEADERS)
+                samples.append((time.perf_counter() - start) * 1000)
+        return statistics.median(samples)
+
+
+async def _own_work(messages: Messages, start: int, count: int, window: int) -> tuple[float, float]:
+    """(inflight ms, bare relay ms) per request of a session growing from `start` messages."""
+    bodies = list(growing(messages, start, count))
+    warm = bodies[:1]
+    bare = await _ms_per_request(_bare_relay(), bodies[1:], 1, warm)
+    settings = Settings(
+        _env_file=None, upstream_url="http://up/v1", database_url="none", context_limit=window
+    )
+    app = create_app(settings, transport=httpx.MockTransport(_upstream))
+    async with app.router.lifespan_context(app):
+        ours = await _ms_per_request(app, bodies[1:], 1, warm)
+    return ours, bare
+
+
+def own_work(count: int = 40) -> str:
+    cases = [
+        ("60 messages", conversation(200, 75), 60, 131_072),
+        ("300 messages", conversation(400, 30), 300, 131_072),
+        ("2,000 messages, under the threshold", conversation(2100, 8), 2000, 1_000_000),
+        ("2,000 messages, compacted (32k window)", conversation(2100, 8), 2000, 32_768),
+    ]
+    lines = [
+        "| conversation | inflight ms | bare relay ms | inflight's own work ms |",
+        "|---|---:|---:|---:|",
+    ]
+    for label, messages, start, window in cases:
+        ours, bare = asyncio.run(_own_work(messages, start, count, window))
+        lines.append(f"| {label} | {ours:.2f} | {bare:.2f} | {ours - bare:.2f} |")
+    return (
+        f"In process (ASGI, in-memory upstream), each request the previous one plus a message, "
+        f"median of {count} requests after the first:\n\n" + "\n".join(lines)
+    )
+
+
+# -- counting and compaction events ----------------------------------------------------------
+
+
+def _median_ms(work: Callable[[], object], runs: int = 5) -> float:
+    samples = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        work()
+        samples.append((time.perf_counter() - start) * 1000)
+    return statistics.median(samples)
+
+
+def cold_counting() -> str:
+    encodings = load_encodings()
+    traces = load_traces()
+    name, messages = min(traces, key=lambda t: abs(len(t[1]) - 300))
+    body: Mapping[str, Any] = {"messages": messages}
+    rows = []
+    for model in ("gpt-4o", "llama-3.1-8b"):
+        ms = _median_ms(lambda m=model: ChatTokenCounter(encodings).count_request(m, body))
+        rows.append(f"| {model} | {ms:.1f} ms |")
+    return (
+        f"Cold counting of `{name}` ({len(messages)} messages, a new counter each time), "
+        "median of 5:\n\n| model | cold count |\n|---|---:|\n" + "\n".join(rows)
+    )
+
+
+def event_plan_times(window: int = 16_384) -> str:
+    """Per transcript, turn by turn with one warm counter: the plan time of each request whose
+    compaction moved (a new event), p50 and p99 over all transcripts."""
+    counter = ChatTokenCounter(load_encodings())
+    budget = Budget(window, 1024, 0.8, 0.5)
+    pipeline: tuple[StrategyName, ...] = ("truncate", "prune", "trim")
+    events: list[float] = []
+    quiet: list[float] = []
+    for _, messages in load_traces():
+        last: tuple[int, ...] = ()
+        for k in range(1, len(messages) + 1):
+            if k not in set(request_points(messages[: k + 1])):
+                continue
+            request = messages[:k]
+            memo: dict[int, int] = {}  # as the service counts: the request at once
+            start = time.perf_counter()
+            fixed = counter.count_fixed("gpt-4o", {"messages": request})
+            result = compact(
+                request,
+                pipeline,
+                budget,
+                lambda m, r=request, c=memo: count_within(counter, "gpt-4o", r, c, m),
+                fixed,
+            )
+            took = (time.perf_counter() - start) * 1000
+            moved = result.plan.events
+            (events if moved != last else quiet).append(took)
+            last = moved
+    return _event_table(events, quiet, window)
+
+
+def _event_table(events: list[float], quiet: list[float], window: int) -> str:
+    def p(values: list[float], q: float) -> float:
+        ordered = sorted(values)
+        return ordered[int(q * (len(ordered) - 1))] if ordered else 0.0
+
+    rows = [
+        f"| {name} | {len(v)} | {p(v, 0.5):.2f} | {p(v, 0.99):.2f} |"
+        for name, v in (("a compaction event (the cut moved)", events), ("no event", quiet))
+    ]
+    return (
+        "Count + plan per request of the eight transcripts replayed turn by turn "
+        f"({window // 1024}k window, warm counter, o200k):\n\n"
+        "| request | count | p50 ms | p99 ms |\n|---|---:|---:|---:|\n" + "\n".join(rows)
+    )

@@ -21,6 +21,7 @@ from app.compaction.policy import Budget
 from app.tokens.counter import ChatTokenCounter
 from app.tokens.encodings import load_encodings
 from bench.compaction import inflight_auto, replay
+from tests.conversations import common_prefix
 from tests.responses_items import pair_problems, request_body, request_points
 from tests.support import load_traces
 
@@ -57,11 +58,7 @@ def replay_items(body: dict[str, Any], budget: Budget, count: Count) -> tuple[fl
         lost = not out or out[-1].get("type") != items[k - 1].get("type")
         failures += lost or bool(pair_problems(out)) or tokens > budget.budget
         if previous is not None:
-            same = 0
-            for a, b in zip(previous, out, strict=False):
-                if a != b:
-                    break
-                same += 1
+            same = common_prefix(previous, out)
             events += same < len(previous)
             shares.append(_tokens(out[:same], count) / max(1, tokens))
         previous = out

@@ -1,7 +1,7 @@
 """`python -m bench`: the benchmark report, each figure measured side by side in one run.
 
 Sections: added latency (inflight and LiteLLM vs a direct call), token accuracy and counting
-cost, prefix reuse against re-trimming baselines (and as Responses API requests), planning
+cost, prefix reuse against re-trimming baselines (and as Responses and Messages requests), planning
 cost, dollars at list prices. The llama.cpp sections (token accuracy, prompt-cache reuse, fact
 retention) run when `INFLIGHT_TEST_LLM_URL` points at ../shared/local-llm.
 """
@@ -15,6 +15,7 @@ import tempfile
 from contextlib import ExitStack
 
 from bench import (
+    anthropic,
     cache,
     compaction,
     cost,
@@ -104,6 +105,8 @@ def main() -> None:
         print(compaction.prefix_reuse_report() + "\n")
         print("## Prefix reuse as Responses API requests, beside chat completions\n")
         print(responses.prefix_reuse_report() + "\n")
+        print("## Prefix reuse as Anthropic Messages requests (Claude Code's shape), beside chat\n")
+        print(anthropic.prefix_reuse_report() + "\n")
         print("## Planning cost\n")
         print(compaction.planning_cost_report() + "\n")
         print(compaction.scaling_report() + "\n")

@@ -125,11 +125,14 @@ def check(body: dict[str, Any], pipeline: Any, window: int, runner: Runner = pla
     if result.plan.summary_role != "fold" or "summarize" not in result.applied:
         assert list(again.messages) == list(result.messages)
         assert sum(map(simple_count, again.messages)) == result.tokens_after
-    # untouched items are sent as the client's bytes (as orjson writes them)
+    # untouched items are the client's own objects, so they go out as the client's bytes (as
+    # orjson writes them); an item equal to one received is never a copy
     forwarded = orjson.dumps(out_body)
     for item in out:
         if id(item) in where:
             assert orjson.dumps(item) in forwarded
+        elif item in items:
+            raise AssertionError(f"a copy of an untouched item: {item!r:.200}")
     # 5. idempotent
     second, twice, _ = forward(out_body, pipeline, window, runner)
     assert twice.applied == ()

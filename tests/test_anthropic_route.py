@@ -468,3 +468,15 @@ async def test_preview_and_count_accept_messages_bodies(
     assert counted["exact"] is False  # Claude: the calibrated heuristic
     assert counted["prompt_tokens"] > 16000
     assert fake.received == []  # nothing forwarded
+
+
+async def test_a_mid_conversation_system_message_is_forwarded_as_received(
+    client: httpx.AsyncClient, fake: FakeAnthropic
+) -> None:
+    body = agent_body()
+    body["messages"].insert(3, {"role": "system", "content": "From now on, be terse."})
+    raw = orjson.dumps(body)
+    response = await post(client, raw, **{"x-compaction-context-limit": "16000"})
+    assert response.headers["x-compaction-applied"] == "none"
+    assert "system message" in response.headers["x-compaction-skipped"]
+    assert fake.received[-1].raw == raw

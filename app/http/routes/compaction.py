@@ -8,9 +8,8 @@ from fastapi import APIRouter, Request
 from starlette.exceptions import HTTPException
 
 from app.compaction.formats import ApiName
-from app.compaction.formats.detect import FORMAT_HEADER, detect_api
+from app.compaction.formats.detect import detect_api
 from app.compaction.service import HISTORY_PARAM, Preview, count_report, preview_report
-from app.errors import InvalidControl
 from app.http import openapi
 from app.http.body import parse_model_body, read_body
 from app.http.routes.passthrough import METHODS
@@ -25,9 +24,7 @@ async def _plan(request: Request, state: State, *, count: bool) -> tuple[ApiName
     services = (state.chat, state.responses, state.messages)
     apis = {service.api.wire.api: service.api for service in services}
     name = detect_api(request.headers, parse_model_body(raw))
-    if name not in apis:
-        raise InvalidControl(f"{name} bodies are not served here", param=FORMAT_HEADER)
-    api = apis[name]
+    api = apis[name]  # every API detect_api names is served
     body = api.parse_body(raw)
     route = state.upstream.route(body["model"], anthropic=api.anthropic)
     strategies = () if count else None

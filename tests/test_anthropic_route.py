@@ -480,3 +480,27 @@ async def test_a_mid_conversation_system_message_is_forwarded_as_received(
     assert response.headers["x-compaction-applied"] == "none"
     assert "system message" in response.headers["x-compaction-skipped"]
     assert fake.received[-1].raw == raw
+
+
+async def test_other_methods_and_paths_go_to_the_anthropic_upstream(tmp_path: Path) -> None:
+    settings = make_settings(
+        tmp_path, anthropic_upstream_url=ANTHROPIC, anthropic_api_key="sk-ant-operator"
+    )
+    with respx.mock(assert_all_called=False) as mock:
+        anthropic = mock.route(host="anthropic.test").respond(405)
+        openai = mock.route(host="upstream.test").respond(200)
+        app = create_app(settings)
+        async with app.router.lifespan_context(app), _client(app) as client:
+            other = await client.get("/v1/messages", headers=HEADERS)
+            batches = await client.get("/v1/messages/batches?limit=2", headers=HEADERS)
+            schema = (await client.get("/openapi.json")).json()
+    assert other.status_code == 405
+    assert batches.status_code == 405
+    sent = [call.request for call in anthropic.calls]
+    assert [str(r.url) for r in sent] == [
+        f"{ANTHROPIC}/messages",
+        f"{ANTHROPIC}/messages/batches?limit=2",
+    ]
+    assert all(r.headers["x-api-key"] == "sk-ant-operator" for r in sent)
+    assert not openai.calls
+    assert "/v1/messages" not in schema["paths"]

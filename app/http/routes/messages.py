@@ -25,7 +25,10 @@ async def anthropic_client(request: Request) -> str | None:
     return await require_client(request)
 
 
-@router.post("/v1/messages", response_model=None)
+# Not in the OpenAPI schema: what makes a Messages body compactable (alternation, pairing) is
+# not something JSON Schema can state, so the route is fuzzed by its own tests instead
+# (tests/test_anthropic_route.py).
+@router.post("/v1/messages", response_model=None, include_in_schema=False)
 async def create_message(
     request: Request, state: State, client: Annotated[str | None, Depends(messages_client)]
 ) -> Response:
@@ -42,3 +45,16 @@ async def messages_passthrough(
     client: Annotated[str | None, Depends(anthropic_client)],
 ) -> Response:
     return await state.passthrough.handle(request, f"/messages/{path}", client, anthropic=True)
+
+
+@router.api_route(
+    "/v1/messages",
+    methods=[m for m in METHODS if m != "POST"],
+    response_model=None,
+    include_in_schema=False,
+)
+async def messages_other_methods(
+    request: Request, state: State, client: Annotated[str | None, Depends(anthropic_client)]
+) -> Response:
+    """Anthropic's API answers these (a 405): they go to it, not to the OpenAI upstream."""
+    return await state.passthrough.handle(request, "/messages", client, anthropic=True)

@@ -504,3 +504,26 @@ async def test_other_methods_and_paths_go_to_the_anthropic_upstream(tmp_path: Pa
     assert all(r.headers["x-api-key"] == "sk-ant-operator" for r in sent)
     assert not openai.calls
     assert "/v1/messages" not in schema["paths"]
+
+
+async def test_the_claude_heuristic_is_calibrated_on_the_whole_prompt_anthropic_reports(
+    client: httpx.AsyncClient, fake: FakeAnthropic, store: WatchedStore
+) -> None:
+    """Usage's prompt is input + cache reads + cache writes, and that is what the heuristic is
+    fitted to: with most of each prompt read from the cache, the fit still follows the fake's
+    whole count (fitted to `input_tokens` alone it would learn a prompt a fraction as big)."""
+    fake.cache_read, fake.cache_write = 4_000, 1_000
+    for k in range(4):
+        await post(client, agent_body(rounds=8 + k), **{"x-compaction-strategy": "none"})
+    records = await store.written(4)
+    sent = [prompt_tokens(r.json()) for r in fake.messages_requests]
+    assert sorted(r.prompt_tokens or 0 for r in records) == sorted(sent)
+    assert all(r.cached_tokens == 4_000 and r.cache_write_tokens == 1_000 for r in records)
+    stats = (await client.get("/stats")).json()
+    assert "claude-sonnet-4-5" in stats["calibration"]
+    estimate = int(
+        (await client.post("/v1/compaction/count", json=agent_body(rounds=11))).json()[
+            "prompt_tokens"
+        ]
+    )
+    assert estimate > 2 * (sent[-1] - 5_000)  # nowhere near the uncached part alone

@@ -1,4 +1,4 @@
-"""Write deploy/kubernetes/configmap.yaml from config/ (models.toml, summary_prompt.md).
+"""Write deploy/kubernetes/configmap.yaml from the files in config/ (FILES below).
 
 Run after editing config/: `python deploy/render_configmap.py`. A test checks it is in sync.
 """
@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-FILES = ("models.toml", "summary_prompt.md")
+FILES = ("models.toml", "prices.toml", "summary_prompt.md")
 
 
 def render() -> str:

@@ -105,3 +105,10 @@ def test_budget_band() -> None:
     budget = Budget(window=10_000, reserve=2_000, threshold=0.8, target=0.6)
     assert (budget.budget, budget.trigger, budget.goal) == (8_000, 6_400, 4_800)
     assert Budget(window=10, reserve=10, threshold=1, target=1).budget == 1
+
+
+@pytest.mark.parametrize("value", ["100000001", "1" + "0" * 30])
+def test_an_absurd_context_limit_is_a_400_naming_it(value: str) -> None:
+    with pytest.raises(InvalidControl) as caught:
+        parse_controls({"x-compaction-context-limit": value}, {"model": "m", "messages": []})
+    assert caught.value.param == "x-compaction-context-limit"

@@ -160,6 +160,34 @@ async def test_sqlite_store(tmp_path: Path) -> None:
     await check_store(open_store(f"sqlite:///{tmp_path / 'usage.db'}"))
 
 
+async def check_absurd_counts_are_written(store: UsageStore) -> None:
+    """An upstream reporting an absurd usage number (past 64 bits) must not make the batch
+    unwritable, nor the sums of /stats overflow."""
+    await store.open()
+    try:
+        huge = 10**30
+        absurd = [record(i, model="m", prompt_tokens=huge, completion_tokens=huge) for i in (0, 3)]
+        await store.write_many([*absurd, record(2)])
+        totals = await store.totals()
+        assert totals["requests"] == 3
+        assert totals["tokens_in"] == 2 * 10**12 + 102
+    finally:
+        await store.close()
+
+
+async def test_sqlite_store_clamps_absurd_counts(tmp_path: Path) -> None:
+    await check_absurd_counts_are_written(open_store(f"sqlite:///{tmp_path / 'usage.db'}"))
+
+
+@pytest.mark.postgres
+async def test_postgres_store_clamps_absurd_counts(pg: str) -> None:
+    import psycopg
+
+    async with await psycopg.AsyncConnection.connect(pg, autocommit=True) as conn:
+        await conn.execute("DROP TABLE IF EXISTS inflight_usage, inflight_schema")
+    await check_absurd_counts_are_written(open_store(pg))
+
+
 @pytest.fixture(scope="module")
 def pg() -> Iterator[str]:
     with postgres_url() as url:

@@ -86,6 +86,10 @@ def parse_strategy(value: Any, param: str) -> tuple[StrategyName, ...] | None:
     return tuple(dict.fromkeys(cast(list[StrategyName], names)))
 
 
+# No model has a window near this; a larger "window" is a mistake, not a request to honour.
+MAX_CONTEXT_LIMIT = 100_000_000
+
+
 def _limit(value: Any, param: str) -> int:
     if isinstance(value, bool):
         raise InvalidControl(f"{param} must be a positive integer", param=param)
@@ -95,6 +99,8 @@ def _limit(value: Any, param: str) -> int:
         number = None
     if number is None or number <= 0:
         raise InvalidControl(f"{param} must be a positive integer", param=param)
+    if number > MAX_CONTEXT_LIMIT:
+        raise InvalidControl(f"{param} must be at most {MAX_CONTEXT_LIMIT:,}", param=param)
     return number
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.compaction.policy import STRATEGIES
+from app.compaction.policy import MAX_CONTEXT_LIMIT, STRATEGIES
 
 JSONSchema = dict[str, Any]
 
@@ -76,7 +76,11 @@ COMPACTION: JSONSchema = {
                 {"type": "null"},
             ]
         },
-        "context_limit": {"type": ["integer", "null"], "minimum": 1},
+        "context_limit": {
+            "type": ["integer", "null"],
+            "minimum": 1,
+            "maximum": MAX_CONTEXT_LIMIT,
+        },
         "threshold": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 1},
         "target": {
             "description": "Must not exceed `threshold` when both are given",
@@ -150,7 +154,11 @@ _CONTROL_HEADERS: list[tuple[str, JSONSchema, str]] = [
         {"type": "string", "pattern": STRATEGY_PATTERN},
         "auto, none, or a comma list of " + ", ".join(STRATEGIES),
     ),
-    ("X-Compaction-Context-Limit", {"type": "integer", "minimum": 1}, "Window in tokens"),
+    (
+        "X-Compaction-Context-Limit",
+        {"type": "integer", "minimum": 1, "maximum": MAX_CONTEXT_LIMIT},
+        "Window in tokens",
+    ),
     (
         "X-Compaction-Threshold",
         {"type": "number", "exclusiveMinimum": 0, "maximum": 1},

@@ -77,6 +77,16 @@ def insert_sql(placeholder: str) -> str:
     return f"INSERT INTO inflight_usage ({', '.join(COLUMNS)}) VALUES ({values})"
 
 
+# A token count no request reaches (10^12). Counts are clamped to it so that an upstream that
+# reports an absurd usage number can neither make a batch unwritable nor overflow the 64-bit
+# sums of /stats (millions of such records would still fit).
+MAX_COUNT = 10**12
+
+
+def _int(value: int | None) -> int | None:
+    return None if value is None else max(-MAX_COUNT, min(MAX_COUNT, value))
+
+
 def rows(records: Sequence[UsageRecord]) -> list[tuple[Any, ...]]:
     return [
         (
@@ -90,15 +100,15 @@ def rows(records: Sequence[UsageRecord]) -> list[tuple[Any, ...]]:
             r.outcome,
             r.latency_ms,
             r.ttfb_ms,
-            r.prompt_tokens,
-            r.completion_tokens,
-            r.cached_tokens,
-            r.tokens_before,
-            r.tokens_after,
+            _int(r.prompt_tokens),
+            _int(r.completion_tokens),
+            _int(r.cached_tokens),
+            _int(r.tokens_before),
+            _int(r.tokens_after),
             ",".join(r.strategies),
-            r.context_limit,
+            _int(r.context_limit),
             r.route,
-            r.cache_write_tokens,
+            _int(r.cache_write_tokens),
             r.cost,
             r.baseline_cost,
         )

@@ -19,7 +19,7 @@ from tests.conftest import make_settings
 from tests.fake_upstream import FakeUpstream
 
 pytestmark = pytest.mark.anyio
-HEALTHZ_BOUND = 1.5  # seconds: generous (parsing 32 MiB holds the GIL ~0.5 s); not blocked
+LONGEST_GAP_SHARE = 0.75  # of the big request's time: a blocked loop's gap is all of it
 PROBE_EVERY = 0.05
 
 
@@ -80,9 +80,9 @@ async def test_healthz_answers_during_a_32_mib_compaction(
     response = outcome["response"]
     assert response.status_code == 200
     assert response.json()["report"]["applied"] == ["middle-out"]
-    # The loop answered all along: never a second without a /healthz answer (a blocked loop
-    # leaves one gap as long as the compaction), while the big request took its time.
+    # The loop answered all along: a blocked loop leaves one gap as long as the compaction
+    # (measured: the whole ~2 s with the worker thread disabled). Relative, not absolute, so a
+    # loaded 2-core machine slows both sides alike (quiet: 0.5 s of 2.4 s, the 32 MiB parse).
     gaps = [later - earlier for earlier, later in pairwise(beats)]
-    assert max(gaps) < HEALTHZ_BOUND, (max(gaps), outcome["seconds"])
     assert len(beats) >= 5
-    assert outcome["seconds"] > 2 * max(gaps)
+    assert max(gaps) < LONGEST_GAP_SHARE * outcome["seconds"], (max(gaps), outcome["seconds"])

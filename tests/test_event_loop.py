@@ -13,7 +13,7 @@ import httpx
 import orjson
 import pytest
 
-from app.compaction.service import OFFLOAD_CHARS, OFFLOAD_MESSAGES, is_large
+from app.compaction.offload import OFFLOAD_CHARS, OFFLOAD_MESSAGES, is_large
 from app.factory import create_app
 from tests.conftest import make_settings
 from tests.fake_upstream import FakeUpstream

@@ -17,7 +17,8 @@ import redis.exceptions
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.compaction.service import CompactionService, report_headers
+from app.compaction.report import report_headers
+from app.compaction.service import CompactionService
 from app.compaction.summary.cache import MemoryCache, SummaryFlight
 from app.compaction.summary.prompt import Completer, SummaryPrompt
 from app.compaction.summary.rolling import Summaries

@@ -12,17 +12,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any
 
 import orjson
 
 from app.compaction.engine import CompactionResult, compact
 from app.compaction.formats import ApiName, Conversation, WireFormat
 from app.compaction.formats.chat import ChatFormat
-from app.compaction.planner import Plan, plan
+from app.compaction.offload import as_received, offload
+from app.compaction.planner import plan
 from app.compaction.policy import (
     Budget,
     Controls,
@@ -31,12 +32,13 @@ from app.compaction.policy import (
     parse_strategy,
     resolve_pipeline,
 )
+from app.compaction.report import Preview, report_headers
 from app.compaction.summary.prompt import Completer, SummaryFailed, SummaryUsage
 from app.compaction.summary.rolling import Summaries, SummaryJob, summary_budget
 from app.errors import BadRequest, ContextLengthExceeded, ProxyError
 from app.settings import OnOverflow, Settings
 from app.tokens.counter import TokenCounter, count_within
-from app.usage.summary_stats import count_fallback, summary_outcome
+from app.usage.summary_stats import count_fallback
 from app.windows.overflow import OverflowInfo, parse_overflow
 from app.windows.registry import WindowRegistry
 from app.windows.table import anthropic_betas, output_reserve
@@ -44,10 +46,6 @@ from app.windows.table import anthropic_betas, output_reserve
 # (summary model, the client's headers, the client's API) -> where summaries are asked
 CompleterFactory = Callable[[str, Mapping[str, str], ApiName], Completer]
 PROMPT_OVERHEAD = 700  # the summary prompt's own instructions, in tokens
-# Planning bigger than this runs in a worker thread, so it never holds up the event loop.
-OFFLOAD_MESSAGES = 256
-OFFLOAD_CHARS = 256 * 1024
-T = TypeVar("T")
 # The request field that holds the history, per API (named by a too-long-to-fit error).
 CHAT = ChatFormat()  # the default adapter (stateless)
 HISTORY_PARAM: dict[ApiName, str] = {
@@ -57,31 +55,6 @@ HISTORY_PARAM: dict[ApiName, str] = {
 }
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class Preview:
-    """The outcome of compacting one request, without forwarding it."""
-
-    body: dict[str, Any]  # the request without its control keys
-    forwarded: dict[str, Any]  # what goes upstream: `body` with the compacted history rendered
-    conversation: Conversation  # the planner's view of `body`
-    result: CompactionResult
-    window: int
-    limit_source: str
-    reserve: int
-    changed_body: bool
-    exact: bool
-    encoding: str | None
-    summary_usage: SummaryUsage
-    fallback: str | None
-    summary_model: str
-    error: str | None = None  # compaction itself failed: what the request got instead, and why
-
-    @property
-    def changed(self) -> bool:
-        """Whether the forwarded body differs from the one received (else its bytes go up)."""
-        return self.changed_body or bool(self.result.applied)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,33 +76,6 @@ class Compacted:
 def view_body(conversation: Conversation) -> dict[str, Any]:
     """The request as the counter sees it: the fixed parts and the chat-shaped messages."""
     return {**conversation.fixed, "messages": list(conversation.messages)}
-
-
-def report_headers(preview: Preview) -> dict[str, str]:
-    """The `X-Compaction-*` response headers (DESIGN.md §2)."""
-    result = preview.result
-    headers = {
-        "X-Compaction-Applied": ",".join(result.applied) or "none",
-        "X-Compaction-Tokens-Before": str(result.tokens_before),
-        "X-Compaction-Tokens-After": str(result.tokens_after),
-        "X-Compaction-Context-Limit": str(preview.window),
-        "X-Compaction-Messages-Before": str(result.messages_before),
-        "X-Compaction-Messages-After": str(result.messages_after),
-    }
-    if result.over_budget:
-        headers["X-Compaction-Over-Budget"] = "true"
-    usage = preview.summary_usage
-    if usage.calls:
-        headers["X-Compaction-Summary-Calls"] = str(usage.calls)
-        headers["X-Compaction-Summary-Prompt-Tokens"] = str(usage.prompt_tokens)
-        headers["X-Compaction-Summary-Completion-Tokens"] = str(usage.completion_tokens)
-    if preview.fallback is not None:
-        headers["X-Compaction-Summary-Fallback"] = preview.fallback[:200]
-    if preview.error is not None:
-        headers["X-Compaction-Fallback"] = preview.error[:200]
-    if preview.conversation.skip is not None:  # why it was forwarded as received
-        headers["X-Compaction-Skipped"] = preview.conversation.skip[:200]
-    return headers
 
 
 class CompactionService:
@@ -463,105 +409,3 @@ def _view(wire: WireFormat, body: dict[str, Any]) -> Conversation:
     except Exception as exc:
         logger.exception("the %s adapter failed on a request; forwarding it as received", wire.api)
         return Conversation(messages=(), fixed=body, skip=f"{type(exc).__name__} in the adapter")
-
-
-def _chars(message: Mapping[str, Any]) -> int:
-    """Roughly how much text a message holds (content, text parts, call arguments)."""
-    content = message.get("content")
-    size = len(content) if isinstance(content, str) else 0
-    for part in content if isinstance(content, list) else []:
-        if isinstance(part, dict) and isinstance(part.get("text"), str):
-            size += len(part["text"])
-    calls = message.get("tool_calls")
-    for call in calls if isinstance(calls, list) else []:
-        function = call.get("function") if isinstance(call, dict) else None
-        arguments = function.get("arguments") if isinstance(function, dict) else None
-        size += len(arguments) if isinstance(arguments, str) else 0
-    return size
-
-
-def is_large(messages: Sequence[Mapping[str, Any]]) -> bool:
-    """Whether counting and planning these messages may take long enough to hold up other
-    requests: many messages, or much text."""
-    if len(messages) > OFFLOAD_MESSAGES:
-        return True
-    return sum(_chars(m) for m in messages if isinstance(m, Mapping)) > OFFLOAD_CHARS
-
-
-async def offload(messages: Sequence[Mapping[str, Any]], work: Callable[[], T]) -> T:
-    """Run counting and planning for `messages`: in a worker thread when they are large (the
-    pure core and the counter are thread-safe), so that no request's CPU time stalls the event
-    loop — other requests and `/healthz` go on being served meanwhile."""
-    if is_large(messages):
-        return await asyncio.to_thread(work)
-    return work()
-
-
-def as_received(messages: Sequence[Mapping[str, Any]]) -> CompactionResult:
-    """The result that forwards `messages` untouched, for when compaction cannot run at all
-    (token counts unknown: reported as 0)."""
-    nothing = Plan(
-        units=(),
-        head=0,
-        cut=0,
-        dropped=frozenset(),
-        truncated=frozenset(),
-        pruned_before=0,
-        cap=0,
-        events=(),
-        summarize=False,
-        tokens_before=0,
-        tokens_after=0,
-        strict=False,
-    )
-    return CompactionResult(
-        list(messages),
-        (),
-        0,
-        0,
-        len(messages),
-        len(messages),
-        False,
-        nothing,
-        tuple(range(len(messages))),
-    )
-
-
-def preview_report(preview: Preview) -> dict[str, Any]:
-    """The `report` object of `POST /v1/compaction/preview`."""
-    result = preview.result
-    plan = result.plan
-    return {
-        "applied": list(result.applied),
-        "tokens_before": result.tokens_before,
-        "tokens_after": result.tokens_after,
-        "messages_before": result.messages_before,
-        "messages_after": result.messages_after,
-        "context_limit": preview.window,
-        "limit_source": preview.limit_source,
-        "output_reserve": preview.reserve,
-        "budget": preview.window - preview.reserve,
-        "over_budget": result.over_budget,
-        "exact": preview.exact,
-        "encoding": preview.encoding,
-        "pinned_head_units": plan.head,
-        "units": len(plan.units),
-        "compaction_events": len(plan.events),
-        "summary": summary_outcome(result.applied, preview.summary_usage.calls, preview.fallback),
-    }
-
-
-def count_report(preview: Preview, model: str) -> dict[str, Any]:
-    """The body of `POST /v1/compaction/count` (tokens of the request as received)."""
-    tokens = preview.result.tokens_before
-    budget = max(1, preview.window - preview.reserve)
-    return {
-        "model": model,
-        "prompt_tokens": tokens,
-        "context_limit": preview.window,
-        "limit_source": preview.limit_source,
-        "output_reserve": preview.reserve,
-        "usage_ratio": round(tokens / budget, 4),
-        "exact": preview.exact,
-        "encoding": preview.encoding,
-    }

@@ -1,0 +1,78 @@
+"""Where counting and planning run: inline for small requests, in a worker thread for large
+ones, so that no request's CPU time stalls the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from app.compaction.engine import CompactionResult
+from app.compaction.planner import Plan
+
+# Planning bigger than this runs in a worker thread, so it never holds up the event loop.
+OFFLOAD_MESSAGES = 256
+OFFLOAD_CHARS = 256 * 1024
+T = TypeVar("T")
+
+
+def _chars(message: Mapping[str, Any]) -> int:
+    """Roughly how much text a message holds (content, text parts, call arguments)."""
+    content = message.get("content")
+    size = len(content) if isinstance(content, str) else 0
+    for part in content if isinstance(content, list) else []:
+        if isinstance(part, dict) and isinstance(part.get("text"), str):
+            size += len(part["text"])
+    calls = message.get("tool_calls")
+    for call in calls if isinstance(calls, list) else []:
+        function = call.get("function") if isinstance(call, dict) else None
+        arguments = function.get("arguments") if isinstance(function, dict) else None
+        size += len(arguments) if isinstance(arguments, str) else 0
+    return size
+
+
+def is_large(messages: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether counting and planning these messages may take long enough to hold up other
+    requests: many messages, or much text."""
+    if len(messages) > OFFLOAD_MESSAGES:
+        return True
+    return sum(_chars(m) for m in messages if isinstance(m, Mapping)) > OFFLOAD_CHARS
+
+
+async def offload(messages: Sequence[Mapping[str, Any]], work: Callable[[], T]) -> T:
+    """Run counting and planning for `messages`: in a worker thread when they are large (the
+    pure core and the counter are thread-safe), so that no request's CPU time stalls the event
+    loop — other requests and `/healthz` go on being served meanwhile."""
+    if is_large(messages):
+        return await asyncio.to_thread(work)
+    return work()
+
+
+def as_received(messages: Sequence[Mapping[str, Any]]) -> CompactionResult:
+    """The result that forwards `messages` untouched, for when compaction cannot run at all
+    (token counts unknown: reported as 0)."""
+    nothing = Plan(
+        units=(),
+        head=0,
+        cut=0,
+        dropped=frozenset(),
+        truncated=frozenset(),
+        pruned_before=0,
+        cap=0,
+        events=(),
+        summarize=False,
+        tokens_before=0,
+        tokens_after=0,
+        strict=False,
+    )
+    return CompactionResult(
+        list(messages),
+        (),
+        0,
+        0,
+        len(messages),
+        len(messages),
+        False,
+        nothing,
+        tuple(range(len(messages))),
+    )

@@ -87,4 +87,3 @@ class UpstreamTimeout(ProxyError):
     status_code = 504
     error_type = "upstream_error"
     code = "upstream_timeout"
-

@@ -50,6 +50,15 @@ class OnOverflow(StrEnum):
     REJECT = "reject"
 
 
+class LedgerMode(StrEnum):
+    """What the ledger of cuts keeps (DESIGN.md §11): metadata only, the originals too, or
+    nothing."""
+
+    META = "meta"
+    FULL = "full"
+    OFF = "off"
+
+
 class Settings(BaseSettings):
     """Deployment configuration (DESIGN.md §2). A bad value is a startup error, not a 500."""
 
@@ -82,8 +91,19 @@ class Settings(BaseSettings):
     discovery_ttl: float = Field(600.0, ge=0)
     allow_unauthenticated: bool = False
     summary_timeout: float = Field(120.0, gt=0)
+    # Summaries in the background (DESIGN.md §12).
+    summary_ahead: float = Field(0.65, gt=0, le=1)  # start summarising at this share of budget
+    summary_wait: bool = False  # true: a compaction event waits for its summary (the old way)
+    summary_concurrency: int = Field(1, ge=1)  # background summaries in flight, per process
+    summary_upstream_url: str | None = None  # summaries go here instead of the request's upstream
+    summary_when_idle: bool = True  # start one only when its upstream has no client request
+    # Nothing lost (DESIGN.md §11).
+    ledger: LedgerMode = LedgerMode.META
+    ledger_ttl: float = Field(24 * 3600.0, gt=0)  # seconds a ledger row is kept
+    restore: bool = False  # offer the model `inflight_restore` (X-Compaction-Restore)
+    protect_tools: Annotated[tuple[str, ...], NoDecode] = ()  # outputs never pruned/truncated
 
-    @field_validator("api_keys", mode="before")
+    @field_validator("api_keys", "protect_tools", mode="before")
     @classmethod
     def _split_keys(cls, value: object) -> object:
         if isinstance(value, str):
@@ -113,14 +133,18 @@ class Settings(BaseSettings):
             raise ValueError(exc.message) from exc
         return value
 
-    @field_validator("upstream_url", "anthropic_upstream_url")
+    @field_validator("upstream_url", "anthropic_upstream_url", "summary_upstream_url")
     @classmethod
-    def _check_url(cls, value: str) -> str:
+    def _check_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
         if not value.startswith(("http://", "https://")):
             raise ValueError("must be an http:// or https:// URL")
         return value.rstrip("/")
 
-    @field_validator("upstream_api_key", "anthropic_api_key", "cache_url", mode="before")
+    @field_validator(
+        "upstream_api_key", "anthropic_api_key", "cache_url", "summary_upstream_url", mode="before"
+    )
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
         return None if value == "" else value

@@ -314,7 +314,6 @@ def test_summarize_with_a_summary_on_real_transcripts(window: int) -> None:
         check_cache_stability(messages, SUMMARIZE, window, lambda m, _, w: summarized(m, w))
 
 
-
 @ONE_REQUEST
 @given(
     messages=conversations(),

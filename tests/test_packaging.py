@@ -76,7 +76,12 @@ class Server:
         self.lines: queue.Queue[str] = queue.Queue()
         self.seen: list[str] = []
         self.process = subprocess.Popen(
-            [sys.executable, "-c", "import sys; from app.cli.commands import main; sys.exit(main())", *args],
+            [
+                sys.executable,
+                "-c",
+                "import sys; from app.cli.commands import main; sys.exit(main())",
+                *args,
+            ],
             cwd=cwd,
             env=env,
             stdout=subprocess.DEVNULL,

@@ -112,3 +112,45 @@ def test_an_absurd_context_limit_is_a_400_naming_it(value: str) -> None:
     with pytest.raises(InvalidControl) as caught:
         parse_controls({"x-compaction-context-limit": value}, {"model": "m", "messages": []})
     assert caught.value.param == "x-compaction-context-limit"
+
+
+@pytest.mark.parametrize(
+    ("headers", "body", "expected"),
+    [
+        ({"x-compaction-restore": "ON"}, {}, {"restore": True}),
+        ({"x-compaction-restore": "off"}, {"restore": True}, {"restore": False}),
+        ({}, {"summary_wait": True}, {"summary_wait": True}),
+        ({"x-compaction-summary-wait": "false"}, {}, {"summary_wait": False}),
+        (
+            {"x-compaction-protect-tools": " memory, plan ,"},
+            {},
+            {"protect_tools": {"memory", "plan"}},
+        ),
+        ({}, {"protect_tools": ["memory"]}, {"protect_tools": {"memory"}}),
+        ({"x-compaction-protect-tools": ""}, {}, {"protect_tools": set()}),
+        ({}, {}, {"restore": None, "summary_wait": None, "protect_tools": None}),
+    ],
+)
+def test_restore_protect_and_wait_controls(
+    headers: dict[str, str], body: dict[str, Any], expected: dict[str, Any]
+) -> None:
+    controls, _ = parse_controls(headers, {"model": "m", "compaction": body})
+    for name, value in expected.items():
+        assert getattr(controls, name) == value
+
+
+@pytest.mark.parametrize(
+    ("headers", "body", "param"),
+    [
+        ({"X-Compaction-Restore": "maybe"}, {}, "X-Compaction-Restore"),
+        ({}, {"summary_wait": "soon"}, "compaction.summary_wait"),
+        ({}, {"protect_tools": [1, 2]}, "compaction.protect_tools"),
+        ({}, {"restore": 3}, "compaction.restore"),
+    ],
+)
+def test_bad_switches_are_400s_naming_them(
+    headers: dict[str, str], body: dict[str, Any], param: str
+) -> None:
+    with pytest.raises(InvalidControl) as raised:
+        parse_controls(headers, {"model": "m", "compaction": body})
+    assert raised.value.param == param

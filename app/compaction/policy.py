@@ -21,6 +21,9 @@ _BODY_KEYS = {
     "threshold": "x-compaction-threshold",
     "target": "x-compaction-target",
     "summary_model": "x-compaction-summary-model",
+    "protect_tools": "x-compaction-protect-tools",
+    "restore": "x-compaction-restore",
+    "summary_wait": "x-compaction-summary-wait",
 }
 
 
@@ -33,6 +36,9 @@ class Controls:
     threshold: float | None = None
     target: float | None = None
     summary_model: str | None = None
+    protect_tools: frozenset[str] | None = None  # tool names whose outputs are kept (§11)
+    restore: bool | None = None  # offer the model `inflight_restore` (§11)
+    summary_wait: bool | None = None  # a compaction event waits for its summary (§12)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +122,35 @@ def _fraction(value: Any, param: str) -> float:
     return number
 
 
+_TRUE = frozenset({"true", "on", "1", "yes"})
+_FALSE = frozenset({"false", "off", "0", "no"})
+
+
+def _switch(value: Any, param: str, words: str) -> bool:
+    """A boolean control: a JSON boolean, or one of the words (any case)."""
+    if isinstance(value, bool):
+        return value
+    word = value.strip().lower() if isinstance(value, str) else None
+    if word in _TRUE:
+        return True
+    if word in _FALSE:
+        return False
+    raise InvalidControl(f"{param} must be {words}", param=param)
+
+
+def _names(value: Any, param: str) -> frozenset[str]:
+    """A comma list (or array) of tool names; empty means none."""
+    if isinstance(value, str):
+        items: list[Any] = value.split(",")
+    elif isinstance(value, list):
+        items = value
+    else:
+        raise InvalidControl(f"{param} must be a comma list of tool names", param=param)
+    if not all(isinstance(v, str) for v in items):
+        raise InvalidControl(f"{param} must be a comma list of tool names", param=param)
+    return frozenset(v.strip() for v in items if v.strip())
+
+
 # The body keys that carry controls; they never reach the upstream.
 CONTROL_KEYS = ("transforms", "compaction")
 
@@ -188,12 +223,22 @@ def _controls(raw: Mapping[str, tuple[Any, str]]) -> Controls:
         if not isinstance(value, str) or not value.strip():
             raise InvalidControl(f"{param} must be a non-empty string", param=param)
         summary_model = value.strip()
+    protect = restore = wait = None
+    if "x-compaction-protect-tools" in raw:
+        protect = _names(*raw["x-compaction-protect-tools"])
+    if "x-compaction-restore" in raw:
+        restore = _switch(*raw["x-compaction-restore"], "on or off")
+    if "x-compaction-summary-wait" in raw:
+        wait = _switch(*raw["x-compaction-summary-wait"], "true or false")
     return Controls(
         strategies=strategies,
         context_limit=context_limit,
         threshold=threshold,
         target=target,
         summary_model=summary_model,
+        protect_tools=protect,
+        restore=restore,
+        summary_wait=wait,
     )
 
 

@@ -89,6 +89,15 @@ COMPACTION: JSONSchema = {
             "maximum": 1,
         },
         "summary_model": {"type": ["string", "null"], "pattern": NON_BLANK},
+        "protect_tools": {
+            "oneOf": [
+                {"type": "string"},
+                {"type": "array", "items": {"type": "string"}},
+                {"type": "null"},
+            ]
+        },
+        "restore": {"type": ["boolean", "null"]},
+        "summary_wait": {"type": ["boolean", "null"]},
     },
     "additionalProperties": False,
 }
@@ -173,6 +182,21 @@ _CONTROL_HEADERS: list[tuple[str, JSONSchema, str]] = [
         "X-Compaction-Summary-Model",
         {"type": "string", "pattern": NON_BLANK},
         "Model that writes summaries",
+    ),
+    (
+        "X-Compaction-Protect-Tools",
+        {"type": "string"},
+        "Comma list of tool names whose outputs are never pruned or truncated",
+    ),
+    (
+        "X-Compaction-Restore",
+        {"type": "string", "enum": ["on", "off", "true", "false"]},
+        "Offer the model the inflight_restore tool to read what was cut",
+    ),
+    (
+        "X-Compaction-Summary-Wait",
+        {"type": "string", "enum": ["true", "false", "on", "off"]},
+        "Wait for a summary at a compaction event instead of serving at once",
     ),
 ]
 

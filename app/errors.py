@@ -6,6 +6,7 @@ ProxyError
  │    ├── InvalidControl         code=invalid_compaction_control (a bad X-Compaction-* / body value)
  │    └── ContextLengthExceeded  code=context_length_exceeded (ON_OVERFLOW=reject)
  ├── Unauthorized (401, invalid_api_key)
+ ├── NotFound (404, not_found: e.g. a ledger id that is not the caller's)
  ├── PayloadTooLarge (413)
  ├── UpstreamUnavailable (502: refused, reset, broken body)
  └── UpstreamTimeout (504)
@@ -69,6 +70,12 @@ class Unauthorized(ProxyError):
     status_code = 401
     error_type = "invalid_request_error"
     code = "invalid_api_key"
+
+
+class NotFound(ProxyError):
+    status_code = 404
+    error_type = "invalid_request_error"
+    code = "not_found"
 
 
 class PayloadTooLarge(ProxyError):

@@ -23,7 +23,16 @@ from app.dashboard.assets import DashboardAssets
 from app.errors import BadRequest, ProxyError
 from app.http.auth import KeyChecker
 from app.http.errors import error_response, proxy_error_handler
-from app.http.routes import chat, compaction, dashboard, messages, ops, passthrough, responses
+from app.http.routes import (
+    chat,
+    compaction,
+    dashboard,
+    ledger,
+    messages,
+    ops,
+    passthrough,
+    responses,
+)
 from app.http.state import AppState
 from app.pricing.meter import CostMeter
 from app.pricing.table import PriceTable
@@ -31,11 +40,12 @@ from app.proxy.chat import CHAT_API
 from app.proxy.messages import MESSAGES_API
 from app.proxy.passthrough import PassthroughService
 from app.proxy.responses import RESPONSES_API
-from app.proxy.service import ApiService, Exchange
+from app.proxy.service import Api, ApiService, Exchange
 from app.proxy.upstream import Upstream, anthropic_summary_completer, summary_completer
 from app.settings import Settings
 from app.tokens.counter import ChatTokenCounter
 from app.tokens.encodings import load_encodings
+from app.usage.ledger import Ledger, ledger_mode
 from app.usage.metrics import Metrics
 from app.usage.recording import records_for
 from app.usage.records import UsageQueue, UsageRecord, UsageStore
@@ -102,7 +112,8 @@ def _compaction(
         complete = ask(upstream, model, headers, settings.summary_timeout)
         return CountedCompleter(complete, summary_stats)
 
-    compactor = CompactionService(settings, counter, windows, summaries, completer_for)
+    keeps = ledger_mode(settings.ledger, settings.database_url)
+    compactor = CompactionService(settings, counter, windows, summaries, completer_for, keeps)
     return compactor, cache
 
 
@@ -138,7 +149,8 @@ def _recording(
     async def on_done(exchange: Exchange) -> None:
         usage = exchange.usage
         view = exchange.view
-        completed = exchange.outcome == "completed"
+        # A prompt the upstream cut silently says nothing about how the counter counts.
+        completed = exchange.outcome == "completed" and not exchange.upstream_truncated
         if usage is not None and usage.prompt_tokens and completed and view is not None:
             counter.observe(exchange.model, view, usage.prompt_tokens)
         for record in records_for(exchange):
@@ -168,18 +180,26 @@ def create_app(
     metrics = Metrics(lambda: queue.depth, counter.calibration_factors, summary_stats)
 
     submit, on_done = _recording(counter, meter, metrics, queue)
+    cuts = Ledger(
+        ledger_mode(settings.ledger, settings.database_url), settings.ledger_ttl, queue, store
+    )
+
+    def service(api: Api) -> ApiService:
+        return ApiService(settings, upstream, api, compactor, on_done=on_done, on_sent=cuts.record)
+
     state = AppState(
         settings=settings,
         upstream=upstream,
         keys=KeyChecker(settings.api_keys),
-        chat=ApiService(settings, upstream, CHAT_API, compactor, on_done=on_done),
-        responses=ApiService(settings, upstream, RESPONSES_API, compactor, on_done=on_done),
-        messages=ApiService(settings, upstream, MESSAGES_API, compactor, on_done=on_done),
+        chat=service(CHAT_API),
+        responses=service(RESPONSES_API),
+        messages=service(MESSAGES_API),
         passthrough=PassthroughService(settings, upstream, record=submit),
         counter=counter,
         compactor=compactor,
         store=store,
         queue=queue,
+        ledger=cuts,
         metrics=metrics,
         encodings_missing=encodings.missing,
     )
@@ -197,6 +217,7 @@ def _asgi_app(state: AppState, cache: SummaryCache) -> FastAPI:
     app.include_router(chat.router)
     app.include_router(responses.router)
     app.include_router(messages.router)
+    app.include_router(ledger.router)  # before `/v1/compaction/*`, the proxy's own namespace
     app.include_router(compaction.router)
     app.include_router(dashboard.build_router(DashboardAssets.load()))
     app.include_router(passthrough.router)

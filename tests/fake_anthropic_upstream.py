@@ -165,6 +165,7 @@ class FakeAnthropic:
     cache_write: int = 0
     reply: str = "Hello from Claude"
     error: tuple[int, bytes] | None = None  # answer every message request with this
+    usage_prompt: int | None = None  # the prompt usage reports (default: the fake's count)
     received: list[Received] = field(default_factory=list)
     rejected: list[str] = field(default_factory=list)
     app: Starlette = field(init=False)
@@ -211,7 +212,8 @@ class FakeAnthropic:
             self.rejected.append(message)
             return anthropic_error(400, "invalid_request_error", message)
         text = SUMMARY_REPLY if _summary(body) else self.reply
-        message = self._message(body, prompt, text)
+        reported = self.usage_prompt if self.usage_prompt is not None else prompt
+        message = self._message(body, reported, text)
         if body.get("stream") is not True:
             return JSONResponse(message)
         return StreamingResponse(self._stream(message), media_type="text/event-stream")

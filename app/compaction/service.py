@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
 import orjson
 
+from app.compaction.cuts import Cut, cuts_of
 from app.compaction.engine import CompactionResult, compact
 from app.compaction.formats import ApiName, Conversation, WireFormat
 from app.compaction.formats.chat import ChatFormat
@@ -36,11 +38,12 @@ from app.compaction.report import Preview, report_headers
 from app.compaction.summary.prompt import Completer, SummaryFailed, SummaryUsage
 from app.compaction.summary.rolling import Summaries, SummaryJob, summary_budget
 from app.errors import BadRequest, ContextLengthExceeded, ProxyError
-from app.settings import OnOverflow, Settings
+from app.settings import LedgerMode, OnOverflow, Settings
 from app.tokens.counter import TokenCounter, count_within
 from app.usage.summary_stats import count_fallback
 from app.windows.overflow import OverflowInfo, parse_overflow
 from app.windows.registry import WindowRegistry
+from app.windows.silent import learn_silent_cut
 from app.windows.table import anthropic_betas, output_reserve
 
 # (summary model, the client's headers, the client's API) -> where summaries are asked
@@ -71,6 +74,8 @@ class Compacted:
     strategies: tuple[StrategyName, ...]
     summary_usage: SummaryUsage
     summary_model: str
+    ledger_id: str | None = None  # `X-Compaction-Id`: the ledger row of what was cut (§11)
+    cuts: tuple[Cut, ...] = ()  # what was cut, for that row
 
 
 def view_body(conversation: Conversation) -> dict[str, Any]:
@@ -89,6 +94,7 @@ class CompactionService:
         windows: WindowRegistry,
         summaries: Summaries | None = None,
         completer_for: CompleterFactory | None = None,
+        ledger: LedgerMode | None = None,
     ) -> None:
         self._settings = settings
         self._counter = counter
@@ -96,6 +102,7 @@ class CompactionService:
         self._summaries = summaries
         self._completer_for = completer_for
         self._default_strategies = parse_strategy(settings.strategy, "INFLIGHT_STRATEGY")
+        self._ledger = ledger if ledger is not None else settings.ledger
 
     async def plan(
         self,
@@ -260,7 +267,26 @@ class CompactionService:
         self, wire: WireFormat, headers: Mapping[str, str], body: Mapping[str, Any], base_url: str
     ) -> Compacted:
         """What to forward for `body` (a request as received, parsed)."""
-        return self._compacted(wire, await self.plan(headers, body, base_url, wire=wire))
+        preview = await self.plan(headers, body, base_url, wire=wire)
+        return await self._ledgered(preview, self._compacted(wire, preview))
+
+    async def _ledgered(self, preview: Preview, compacted: Compacted) -> Compacted:
+        """`compacted` with a ledger id and its cuts, when something was cut and the ledger is
+        on (DESIGN.md §11). The id is random (unguessable); the cuts are a pure function of
+        the request, worked out in a worker thread for a large one."""
+        if self._ledger is LedgerMode.OFF or not preview.result.applied:
+            return compacted
+        model: str = preview.body["model"]
+        messages = preview.conversation.messages
+        count = partial(self._counter.count_message, model)
+        cuts = await offload(
+            messages, partial(cuts_of, preview.conversation, preview.result, count)
+        )
+        if not cuts:
+            return compacted
+        ledger_id = secrets.token_urlsafe(16)
+        headers = {**compacted.headers, "X-Compaction-Id": ledger_id}
+        return replace(compacted, headers=headers, ledger_id=ledger_id, cuts=cuts)
 
     def _compacted(self, wire: WireFormat, preview: Preview) -> Compacted:
         result = preview.result
@@ -339,7 +365,15 @@ class CompactionService:
             "upstream overflow for %s (window %s, prompt %s tokens): retrying with %d",
             model, info.window, info.prompt_tokens, preview.result.tokens_after,
         )  # fmt: skip
-        return self._compacted(wire, preview)
+        return await self._ledgered(preview, self._compacted(wire, preview))
+
+    def upstream_truncated(
+        self, model: str, sent: Compacted, base_url: str, reported: int | None
+    ) -> bool:
+        """Whether the upstream cut what was `sent` silently, by the prompt tokens it
+        `reported` (DESIGN.md §11); if so, the window it holds is learned and logged."""
+        estimate = (sent.tokens_after, sent.context_limit)
+        return learn_silent_cut(self._windows, base_url, model, reported, estimate)
 
 
 def _bound(wire: WireFormat, body: Mapping[str, Any], failed: Compacted) -> OverflowInfo | None:

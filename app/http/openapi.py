@@ -31,6 +31,7 @@ ERROR_ENVELOPE: JSONSchema = {
 _ERROR_DESCRIPTIONS = {
     400: "Invalid request: malformed JSON, wrong chat shape or a bad compaction control",
     401: "Missing or invalid API key (only when INFLIGHT_API_KEYS is set)",
+    404: "No ledger with this id for this client: unknown, expired, or another key's (alike)",
     413: "Request body larger than INFLIGHT_MAX_BODY_BYTES",
     502: "Upstream unreachable, reset, or broke its response",
     504: "Upstream timed out",
@@ -356,4 +357,54 @@ METRICS: JSONSchema = {
         "200": {"description": "Prometheus text exposition", "content": {"text/plain": {}}},
         **errors(401),
     }
+}
+
+_CUT: JSONSchema = {
+    "type": "object",
+    "required": ["position", "items", "role", "tool", "kind", "tokens", "sha256", "ref"],
+    "properties": {
+        "position": {"type": "integer", "description": "Index in the chat-shaped view"},
+        "items": {
+            "type": "array",
+            "items": {"type": "integer"},
+            "description": "Indices in the request's own `messages` or `input`",
+        },
+        "role": {"type": "string"},
+        "tool": _NULLABLE_STRING,
+        "kind": {
+            "type": "string",
+            "enum": ["truncated", "pruned", "trimmed", "summarized", "dropped"],
+        },
+        "tokens": {"type": "integer"},
+        "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+        "ref": {"type": "string", "pattern": "^[A-Za-z0-9_-]{6,32}$"},
+        "content": {"description": "The original content (INFLIGHT_LEDGER=full only)"},
+        "calls": {"type": "array", "items": {"type": "object"}},
+    },
+}
+LEDGER_DOCUMENT: JSONSchema = {
+    "title": "CompactionLedger",
+    "type": "object",
+    "required": ["id", "created", "expires", "mode", "route", "model", "applied", "cuts"],
+    "properties": {
+        "id": {"type": "string"},
+        "object": {"type": "string", "const": "compaction.ledger"},
+        "created": {"type": "number"},
+        "expires": {"type": "number"},
+        "mode": {"type": "string", "enum": ["meta", "full"]},
+        "route": {"type": "string"},
+        "model": {"type": "string"},
+        "applied": {"type": "array", "items": {"type": "string"}},
+        "tokens_before": {"type": "integer"},
+        "tokens_after": {"type": "integer"},
+        "context_limit": {"type": "integer"},
+        "cuts": {"type": "array", "items": _CUT},
+    },
+}
+LEDGER: JSONSchema = {
+    "summary": "What one compacted request cut (its X-Compaction-Id)",
+    "responses": {
+        "200": {"description": "The ledger row", "content": _json(LEDGER_DOCUMENT)},
+        **errors(401, 404),
+    },
 }

@@ -15,6 +15,7 @@ from app.proxy.service import ApiService
 from app.proxy.upstream import Upstream
 from app.settings import Settings
 from app.tokens.counter import ChatTokenCounter
+from app.usage.ledger import Ledger
 from app.usage.metrics import Metrics
 from app.usage.records import UsageQueue, UsageStore
 
@@ -34,6 +35,7 @@ class AppState:
     compactor: CompactionService
     store: UsageStore
     queue: UsageQueue
+    ledger: Ledger
     metrics: Metrics
     encodings_missing: tuple[str, ...]
 

@@ -82,6 +82,7 @@ class Exchange:
     ttfb: float | None = None
     started: float = field(default_factory=time.perf_counter)
     retried: bool = False
+    upstream_truncated: bool = False  # the upstream cut the prompt silently (DESIGN.md §11)
 
     @property
     def route(self) -> str:
@@ -135,6 +136,7 @@ class Exchange:
 
 
 ExchangeHook = Callable[[Exchange], Awaitable[None]]
+SentHook = Callable[[Exchange], None]
 
 
 def usage_from_json(
@@ -159,12 +161,14 @@ class ApiService:
         compactor: CompactionService,
         *,
         on_done: ExchangeHook | None = None,
+        on_sent: SentHook | None = None,
     ) -> None:
         self.api = api
         self._settings = settings
         self._upstream = upstream
         self._compactor = compactor
         self._on_done = on_done
+        self._on_sent = on_sent  # the response starts: its ledger row is queued (never waits)
 
     async def handle(self, request: Request, client_key_id: str | None = None) -> Response:
         started = time.perf_counter()
@@ -256,10 +260,26 @@ class ApiService:
             exchange.outcome = "upstream_error"
         else:
             exchange.usage = usage_from_json(content, self.api.usage)
+            base_url = self._upstream.route(exchange.model, anthropic=self.api.anthropic).base_url
+            self._check_truncation(exchange, base_url)
         await self._finish(exchange)
+        self._sent(exchange)
         return buffered_response(
             content, upstream.status_code, self._response_headers(exchange, upstream)
         )
+
+    def _check_truncation(self, exchange: Exchange, base_url: str) -> None:
+        """Whether the upstream silently cut what was sent, by the usage it reported: then the
+        window is learned and logged, and a JSON answer says so (DESIGN.md §11)."""
+        usage, sent = exchange.usage, exchange.compacted
+        if usage is not None and sent is not None:
+            exchange.upstream_truncated = self._compactor.upstream_truncated(
+                exchange.model, sent, base_url, usage.prompt_tokens
+            )
+
+    def _sent(self, exchange: Exchange) -> None:
+        if self._on_sent is not None:
+            self._on_sent(exchange)
 
     def _with_stream_usage(self, exchange: Exchange) -> tuple[bytes, SSETap | None]:
         """The bytes to send, asking for stream usage when the API needs it (DESIGN.md §6)."""
@@ -277,7 +297,10 @@ class ApiService:
             for k, v in filter_response_headers(upstream.headers)
             if k.lower() != "content-encoding"
         ]
-        return relayed + list(exchange.headers.items())
+        truncated = (
+            [("X-Compaction-Upstream-Truncated", "true")] if exchange.upstream_truncated else []
+        )
+        return relayed + list(exchange.headers.items()) + truncated
 
     def _relay_stream(
         self, exchange: Exchange, upstream: httpx.Response, tap: SSETap, base_url: str
@@ -288,6 +311,8 @@ class ApiService:
             exchange.outcome = result.outcome
             exchange.ttfb = result.ttfb
             exchange.usage = tap.usage
+            if result.outcome == "completed":  # learned and logged; the headers are gone
+                self._check_truncation(exchange, base_url)
             if tap.error is not None and exchange.compacted is not None:
                 # An overflow the stream reported once started (OpenAI's Responses API does) is
                 # too late to retry; what it teaches holds for the next request.
@@ -295,6 +320,7 @@ class ApiService:
                 self._compactor.learn(self.api.wire, exchange.body, exchange.compacted, failure)
             await self._finish(exchange)
 
+        self._sent(exchange)
         return RelayResponse(
             upstream,
             status_code=upstream.status_code,

@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from app.usage.ledger import LedgerRow
+
 logger = logging.getLogger(__name__)
 
 Outcome = Literal["completed", "client_disconnected", "upstream_error", "rejected"]
@@ -62,6 +64,9 @@ class UsageRecord:
     baseline_cost: float | None = None  # USD the same request would have cost uncompacted
 
 
+Item = UsageRecord | LedgerRow  # what the write queue carries
+
+
 class UsageStore(Protocol):
     """Where usage records live (SQLite by default, PostgreSQL for several replicas)."""
 
@@ -73,6 +78,14 @@ class UsageStore(Protocol):
 
     async def activity(self, since: float, bucket: int, recent: int) -> dict[str, Any]:
         """`series`: usage in `bucket`-second buckets from `since`; `recent`: the last requests."""
+        ...
+
+    async def write_ledger(self, rows: Sequence[LedgerRow]) -> None:
+        """Insert ledger rows (one already there is left as it is) and delete expired ones."""
+        ...
+
+    async def read_ledger(self, ledger_id: str, owner: str, now: float) -> bytes | None:
+        """The JSON of the row with this id and owner that has not expired at `now`."""
         ...
 
     async def ping(self) -> bool: ...
@@ -88,6 +101,9 @@ class UsageQueue:
     `max_pending` requests arrive meanwhile; past that, new records are counted in `dropped`
     rather than let memory grow without end. At shutdown the flush makes `retries` attempts per
     batch and counts what still fails in `failed`.
+
+    Ledger rows (DESIGN.md §11) travel the same way; until one is written, `unwritten` finds it,
+    so a client reads its ledger on this replica the moment its response has been sent.
     """
 
     def __init__(
@@ -101,13 +117,14 @@ class UsageQueue:
         max_backoff: float = 5.0,
     ) -> None:
         self._store = store
-        self._queue: asyncio.Queue[UsageRecord] = asyncio.Queue(maxsize=max_pending)
+        self._queue: asyncio.Queue[Item] = asyncio.Queue(maxsize=max_pending)
         self._max_batch = max_batch
         self._retries = retries
         self._retry_delay = retry_delay
         self._max_backoff = max_backoff
         self._task: asyncio.Task[None] | None = None
-        self._in_hand: list[UsageRecord] = []  # the batch being written, kept across retries
+        self._in_hand: list[Item] = []  # the batch being written, kept across retries
+        self._unwritten: dict[str, LedgerRow] = {}  # ledger rows queued, not written yet
         self._idle = asyncio.Event()  # set while no write is in flight
         self._idle.set()
         self.written = 0
@@ -118,9 +135,15 @@ class UsageQueue:
     def depth(self) -> int:
         return self._queue.qsize() + len(self._in_hand)
 
-    def submit(self, record: UsageRecord) -> None:
+    def unwritten(self, ledger_id: str) -> LedgerRow | None:
+        """The ledger row with this id if it is queued and not written yet."""
+        return self._unwritten.get(ledger_id)
+
+    def submit(self, record: Item) -> None:
         try:
             self._queue.put_nowait(record)
+            if isinstance(record, LedgerRow):
+                self._unwritten[record.id] = record
         except asyncio.QueueFull:
             self.dropped += 1
             if self.dropped == 1 or self.dropped % 10_000 == 0:
@@ -135,7 +158,7 @@ class UsageQueue:
                 self._in_hand = self._drain(await self._queue.get())
             await self._write(attempts=None)
 
-    def _drain(self, first: UsageRecord) -> list[UsageRecord]:
+    def _drain(self, first: Item) -> list[Item]:
         batch = [first]
         while len(batch) < self._max_batch:
             try:
@@ -150,7 +173,7 @@ class UsageQueue:
         while True:
             self._idle.clear()
             try:
-                await self._store.write_many(self._in_hand)
+                await self._write_batch()
             except Exception as exc:  # noqa: BLE001 - any store failure: retry, then count it
                 attempt += 1
                 logger.warning(
@@ -163,11 +186,28 @@ class UsageQueue:
                     return False
                 await asyncio.sleep(min(self._retry_delay * 2 ** (attempt - 1), self._max_backoff))
             else:
-                self.written += len(self._in_hand)
                 self._in_hand = []
                 return True
             finally:
                 self._idle.set()
+
+    async def _write_batch(self) -> None:
+        """Ledger rows first (idempotent: a retry after the records failed rewrites nothing),
+        then the usage records."""
+        rows = [item for item in self._in_hand if isinstance(item, LedgerRow)]
+        records = [item for item in self._in_hand if not isinstance(item, LedgerRow)]
+        if rows:
+            await self._store.write_ledger(rows)
+            for row in rows:
+                self._unwritten.pop(row.id, None)
+        if records:
+            await self._store.write_many(records)
+        self.written += len(records)
+
+    def _forget(self, items: Sequence[Item]) -> None:
+        for item in items:
+            if isinstance(item, LedgerRow):
+                self._unwritten.pop(item.id, None)
 
     async def close(self) -> None:
         """Stop the writer and flush every queued record (a bounded number of attempts each)."""
@@ -185,6 +225,7 @@ class UsageQueue:
                 self._in_hand = self._drain(self._queue.get_nowait())
             if not await self._write(attempts=self._retries):
                 self.failed += len(self._in_hand)
+                self._forget(self._in_hand)
                 logger.error(
                     "dropped %d usage records after %d attempts", len(self._in_hand), self._retries
                 )

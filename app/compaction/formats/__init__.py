@@ -30,6 +30,11 @@ class Conversation:
     fixed: Mapping[str, Any]
     skip: str | None = None
 
+    def origin(self, position: int) -> tuple[int, ...]:
+        """The indices in the body's own history that view message `position` stands for
+        (chat: the same index; an adapter that groups items says which)."""
+        return (position,)
+
 
 class WireFormat(Protocol):
     """One protocol's adapter (chat completions, Responses, Messages)."""

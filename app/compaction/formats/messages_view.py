@@ -57,6 +57,10 @@ class MessagesConversation(Conversation):
 
     pieces: tuple[Piece, ...] = ()
 
+    def origin(self, position: int) -> tuple[int, ...]:
+        """The indices of the `messages` holding the blocks of view message `position`."""
+        return tuple(sorted({path[0] for path in self.pieces[position].paths()}))
+
 
 def _arguments(value: Any) -> str:
     try:

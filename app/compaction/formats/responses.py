@@ -81,6 +81,10 @@ class ResponsesConversation(Conversation):
 
     groups: tuple[tuple[int, ...], ...] = ()
 
+    def origin(self, position: int) -> tuple[int, ...]:
+        """The `input` items of view message `position`."""
+        return self.groups[position]
+
 
 def _kind(item: Mapping[str, Any]) -> str:
     """`message` for a message item (typed, or shorthand with a role), else its type."""

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from app.pricing.report import add_costs
+from app.usage.ledger import LedgerRow
 from app.usage.records import UsageRecord
 from app.usage.stores.sql import activity, summarize
 
@@ -17,6 +18,12 @@ class NullStore:
         return None
 
     async def write_many(self, records: Sequence[UsageRecord]) -> None:
+        return None
+
+    async def write_ledger(self, rows: Sequence[LedgerRow]) -> None:
+        return None  # the ledger is off with this store (`ledger_mode`)
+
+    async def read_ledger(self, ledger_id: str, owner: str, now: float) -> bytes | None:
         return None
 
     async def totals(self) -> dict[str, Any]:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 from typing import Any
 
 import psycopg
 
 from app.pricing.report import add_costs
+from app.usage.ledger import LedgerRow
 from app.usage.records import UsageRecord
 from app.usage.stores import sql
 
@@ -39,6 +41,7 @@ class PostgresStore:
                 )
             for statement in sql.migrations_from(version or sql.SCHEMA_VERSION):
                 await self._conn.execute(statement)
+            await self._conn.execute(sql.delete_expired_sql("%s"), (time.time(),))
 
     def _connection(self) -> psycopg.AsyncConnection[Any]:
         if self._conn is None:
@@ -49,6 +52,20 @@ class PostgresStore:
         conn = self._connection()
         async with self._lock, conn.transaction(), conn.cursor() as cursor:
             await cursor.executemany(sql.insert_sql("%s"), sql.rows(records))
+
+    async def write_ledger(self, rows: Sequence[LedgerRow]) -> None:
+        values = await asyncio.to_thread(sql.ledger_rows, rows)  # full originals: MBs of JSON
+        conn = self._connection()
+        async with self._lock, conn.transaction(), conn.cursor() as cursor:
+            await cursor.execute(sql.delete_expired_sql("%s"), (time.time(),))
+            await cursor.executemany(sql.insert_ledger_sql("%s"), values)
+
+    async def read_ledger(self, ledger_id: str, owner: str, now: float) -> bytes | None:
+        conn = self._connection()
+        async with self._lock:
+            cursor = await conn.execute(sql.read_ledger_sql("%s"), (ledger_id, owner, now))
+            found = await cursor.fetchone()
+        return None if found is None else str(found[0]).encode()
 
     async def totals(self) -> dict[str, Any]:
         conn = self._connection()

@@ -2,7 +2,9 @@
 
 Schema versions: 1 had no `route`; 2 adds `route` (the client's route: `/v1/chat/completions`
 for chat records, `/v1/<api>` for passthrough records, empty for summary calls); 3 adds
-`cache_write_tokens`, `cost` and `baseline_cost` (USD, DESIGN.md §9; NULL: unpriced model).
+`cache_write_tokens`, `cost` and `baseline_cost` (USD, DESIGN.md §9; NULL: unpriced model);
+4 adds the `inflight_ledger` table (DESIGN.md §11: one row per compacted request, its JSON
+document, its owner and expiry).
 """
 
 from __future__ import annotations
@@ -10,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from app.usage.ledger import LedgerRow
 from app.usage.records import APIS, UsageRecord, api_of
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 COLUMNS = (
     "ts", "request_id", "kind", "model", "client_key_id", "stream", "status", "outcome",
@@ -21,6 +24,16 @@ COLUMNS = (
     "cache_write_tokens", "cost", "baseline_cost",
 )  # fmt: skip
 
+CREATE_LEDGER = [
+    """CREATE TABLE IF NOT EXISTS inflight_ledger (
+        id TEXT PRIMARY KEY,
+        owner TEXT NOT NULL,
+        created DOUBLE PRECISION NOT NULL,
+        expires DOUBLE PRECISION NOT NULL,
+        document TEXT NOT NULL
+    )""",
+    "CREATE INDEX IF NOT EXISTS inflight_ledger_expires ON inflight_ledger (expires)",
+]
 CREATE = [
     """CREATE TABLE IF NOT EXISTS inflight_schema (version INTEGER NOT NULL)""",
     """CREATE TABLE IF NOT EXISTS inflight_usage (
@@ -48,6 +61,7 @@ CREATE = [
     )""",
     "CREATE INDEX IF NOT EXISTS inflight_usage_ts ON inflight_usage (ts)",
     "CREATE INDEX IF NOT EXISTS inflight_usage_model ON inflight_usage (model)",
+    *CREATE_LEDGER,
 ]
 
 
@@ -60,6 +74,7 @@ MIGRATIONS: dict[int, list[str]] = {
         "ALTER TABLE inflight_usage ADD COLUMN cost DOUBLE PRECISION",
         "ALTER TABLE inflight_usage ADD COLUMN baseline_cost DOUBLE PRECISION",
     ],
+    4: CREATE_LEDGER,
 }
 
 
@@ -75,6 +90,30 @@ def migrations_from(version: int) -> list[str]:
 def insert_sql(placeholder: str) -> str:
     values = ", ".join([placeholder] * len(COLUMNS))
     return f"INSERT INTO inflight_usage ({', '.join(COLUMNS)}) VALUES ({values})"
+
+
+def insert_ledger_sql(placeholder: str) -> str:
+    """Insert a ledger row; a row already there (a batch written again after a failure) stays."""
+    values = ", ".join([placeholder] * 5)
+    return (
+        "INSERT INTO inflight_ledger (id, owner, created, expires, document) "
+        f"VALUES ({values}) ON CONFLICT (id) DO NOTHING"
+    )
+
+
+def delete_expired_sql(placeholder: str) -> str:
+    return f"DELETE FROM inflight_ledger WHERE expires <= {placeholder}"
+
+
+def read_ledger_sql(placeholder: str) -> str:
+    return (
+        "SELECT document FROM inflight_ledger "
+        f"WHERE id = {placeholder} AND owner = {placeholder} AND expires > {placeholder}"
+    )
+
+
+def ledger_rows(rows: Sequence[LedgerRow]) -> list[tuple[str, str, float, float, str]]:
+    return [(r.id, r.owner, r.created, r.expires, r.json().decode()) for r in rows]
 
 
 # A token count no request reaches (10^12). Counts are clamped to it so that an upstream that

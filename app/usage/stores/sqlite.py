@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from app.pricing.report import add_costs
+from app.usage.ledger import LedgerRow
 from app.usage.records import UsageRecord
 from app.usage.stores import sql
 
@@ -40,6 +42,7 @@ class SQLiteStore:
                 )
             for statement in sql.migrations_from(row[0] or sql.SCHEMA_VERSION):
                 conn.execute(statement)
+            conn.execute(sql.delete_expired_sql("?"), (time.time(),))
             conn.execute("COMMIT")
         except sqlite3.Error:
             conn.execute("ROLLBACK")
@@ -62,6 +65,24 @@ class SQLiteStore:
                 conn.executemany(sql.insert_sql("?"), sql.rows(records))
 
         await asyncio.to_thread(self._run, write)
+
+    async def write_ledger(self, rows: Sequence[LedgerRow]) -> None:
+        def write(conn: sqlite3.Connection) -> None:
+            values = sql.ledger_rows(rows)
+            with conn:
+                conn.execute("BEGIN")
+                conn.execute(sql.delete_expired_sql("?"), (time.time(),))
+                conn.executemany(sql.insert_ledger_sql("?"), values)
+
+        await asyncio.to_thread(self._run, write)
+
+    async def read_ledger(self, ledger_id: str, owner: str, now: float) -> bytes | None:
+        def read(conn: sqlite3.Connection) -> bytes | None:
+            found = conn.execute(sql.read_ledger_sql("?"), (ledger_id, owner, now)).fetchone()
+            return None if found is None else str(found[0]).encode()
+
+        result: bytes | None = await asyncio.to_thread(self._run, read)
+        return result
 
     async def totals(self) -> dict[str, Any]:
         def read(conn: sqlite3.Connection) -> dict[str, Any]:

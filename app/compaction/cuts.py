@@ -1,0 +1,145 @@
+"""What one compaction cut, message by message: the entries of the ledger (DESIGN.md §11).
+
+A pure function of the planner's view, the plan and the compacted output: every view message
+that is not forwarded as it was received is one `Cut` — `trimmed`, `summarized` or `dropped`
+(middle-out) when its unit is gone, `pruned` or `truncated` when it is kept with its text
+shrunk. A message of the pinned head is never a cut (a summary folded into the head's user
+message adds a part after its own, unchanged content). Each cut names its position (the view
+index, the one a marker's ref is made of), the body items it stands for, its role, tool name,
+tokens, the sha256 and the ref of its original content, and keeps a reference to that content
+(stored only when the ledger keeps originals).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from app.compaction.engine import CompactionResult
+from app.compaction.formats import Conversation
+from app.compaction.planner import TOOL_KINDS
+from app.compaction.prune import is_placeholder, tool_names
+from app.compaction.refs import content_sha256, ref_for
+
+CutKind = Literal["truncated", "pruned", "trimmed", "summarized", "dropped"]
+
+
+@dataclass(frozen=True, slots=True)
+class CutCall:
+    """A tool call of a cut assistant message: its name and its original arguments."""
+
+    name: str
+    arguments: Any
+
+    def document(self, full: bool) -> dict[str, Any]:
+        doc: dict[str, Any] = {"name": self.name, "sha256": content_sha256(self.arguments)}
+        if full:
+            doc["arguments"] = self.arguments
+        return doc
+
+
+@dataclass(frozen=True, slots=True)
+class Cut:
+    """One message the compaction removed or shrank, as the ledger reports it."""
+
+    position: int  # index in the planner's view (for chat: in `messages`)
+    items: tuple[int, ...]  # indices in the body's own history (`messages` / `input`)
+    role: str
+    tool: str | None  # the tool an output answers; the tools an assistant message calls
+    kind: CutKind
+    tokens: int  # the original message's tokens (the calibrated estimate)
+    content: Any  # the original content (a string, a list of parts, or None)
+    calls: tuple[CutCall, ...] = ()
+
+    @property
+    def ref(self) -> str:
+        return ref_for(self.position, self.content)
+
+    def document(self, full: bool) -> dict[str, Any]:
+        """The ledger's JSON entry; `full` adds the original content and arguments."""
+        doc: dict[str, Any] = {
+            "position": self.position,
+            "items": list(self.items),
+            "role": self.role,
+            "tool": self.tool,
+            "kind": self.kind,
+            "tokens": self.tokens,
+            "sha256": content_sha256(self.content),
+            "ref": self.ref,
+        }
+        if full:
+            doc["content"] = self.content
+        if self.calls:
+            doc["calls"] = [call.document(full) for call in self.calls]
+        return doc
+
+
+def _calls(message: Mapping[str, Any]) -> tuple[CutCall, ...]:
+    calls = message.get("tool_calls")
+    out: list[CutCall] = []
+    for call in calls if isinstance(calls, list) else []:
+        function = call.get("function") if isinstance(call, Mapping) else None
+        if isinstance(function, Mapping):
+            out.append(CutCall(str(function.get("name")), function.get("arguments")))
+    legacy = message.get("function_call")
+    if isinstance(legacy, Mapping):
+        out.append(CutCall(str(legacy.get("name")), legacy.get("arguments")))
+    return tuple(out)
+
+
+def _tools(messages: Sequence[Mapping[str, Any]], start: int, end: int, kind: str) -> list[Any]:
+    """The tool name of each message of a unit: the calls' names for the calling message, the
+    answered tool for each output, None outside tool rounds."""
+    if kind not in TOOL_KINDS:
+        return [None] * (end - start)
+    chunk = messages[start:end]
+    called = ",".join(call.name for call in _calls(chunk[0])) or None
+    return [called, *tool_names(chunk)]
+
+
+def _changed_kind(original: Mapping[str, Any], shown: Mapping[str, Any]) -> CutKind:
+    pruned = is_placeholder(shown.get("content")) and not is_placeholder(original.get("content"))
+    return "pruned" if pruned else "truncated"
+
+
+def cuts_of(
+    conversation: Conversation,
+    result: CompactionResult,
+    count: Callable[[Mapping[str, Any]], int],
+) -> tuple[Cut, ...]:
+    """Every view message `result` did not forward as received, in order."""
+    messages = conversation.messages
+    plan = result.plan
+    shown: dict[int, Mapping[str, Any]] = {
+        source: message
+        for message, source in zip(result.messages, result.sources, strict=True)
+        if source is not None
+    }
+    gone: CutKind = "summarized" if "summarize" in result.applied else "trimmed"
+    out: list[Cut] = []
+    for i, unit in enumerate(plan.units):
+        if i < plan.head:
+            continue
+        tools = _tools(messages, unit.start, unit.end, unit.kind)
+        for position in range(unit.start, unit.end):
+            original = messages[position]
+            if not plan.kept(i):
+                kind: CutKind = "dropped" if i in plan.dropped else gone
+            elif shown.get(position, original) is original:
+                continue
+            else:
+                kind = _changed_kind(original, shown[position])
+            out.append(
+                Cut(
+                    position=position,
+                    items=conversation.origin(position),
+                    role=str(original.get("role")),
+                    tool=tools[position - unit.start],
+                    kind=kind,
+                    tokens=count(original),
+                    content=original.get("content"),
+                    calls=_calls(original),
+                )
+            )
+    return tuple(out)

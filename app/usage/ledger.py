@@ -1,0 +1,114 @@
+"""The ledger of cuts: what one compacted request cut, kept for its client (DESIGN.md §11).
+
+A request whose compaction cut something gets a random id (`X-Compaction-Id`); its row — per
+cut message its position, role, tool, kind, tokens, sha256 and ref, and with
+`INFLIGHT_LEDGER=full` the original content — goes through the usage write queue to the usage
+store, with its owner and an expiry (`INFLIGHT_LEDGER_TTL`). `GET /v1/compaction/ledger/{id}`
+reads it back for the same owner only: the proxy key id when `INFLIGHT_API_KEYS` is set, else a
+hash of the credential the client sent, else none. An unknown id, an expired row and another
+owner's row are all the same 404, so the route tells nothing about ids that are not yours.
+
+Readable as soon as the response has been sent: the row is queued when the response starts,
+and a read looks at the rows the queue has not written yet before it asks the store. Nothing
+of a row is ever logged.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from app.errors import NotFound
+from app.settings import LedgerMode
+
+if TYPE_CHECKING:
+    from app.proxy.service import Exchange
+    from app.usage.records import UsageQueue, UsageStore
+
+MAX_ID_LENGTH = 64  # ids are 22 characters; a longer one is not looked up
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerRow:
+    """One compacted request's ledger row: the JSON document `GET` returns, and who may."""
+
+    id: str
+    owner: str  # the client key id, or "" for a client that sent no credential
+    created: float  # Unix time
+    expires: float
+    document: dict[str, Any]
+
+    def json(self) -> bytes:
+        return orjson.dumps(self.document)
+
+
+def ledger_mode(settings_mode: LedgerMode, database_url: str) -> LedgerMode:
+    """The ledger is off when usage is not stored (`INFLIGHT_DATABASE_URL=none`)."""
+    return LedgerMode.OFF if database_url == "none" else settings_mode
+
+
+class Ledger:
+    """Queues the rows of compacted requests and reads them back for their owner."""
+
+    def __init__(
+        self,
+        mode: LedgerMode,
+        ttl: float,
+        queue: UsageQueue,
+        store: UsageStore,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.mode = mode
+        self._ttl = ttl
+        self._queue = queue
+        self._store = store
+        self._clock = clock
+
+    def row_for(self, exchange: Exchange) -> LedgerRow | None:
+        """The row of an exchange whose request was compacted with cuts (None: no row)."""
+        compacted = exchange.compacted
+        if self.mode is LedgerMode.OFF or compacted is None or compacted.ledger_id is None:
+            return None
+        now = self._clock()
+        full = self.mode is LedgerMode.FULL
+        document = {
+            "id": compacted.ledger_id,
+            "object": "compaction.ledger",
+            "created": now,
+            "expires": now + self._ttl,
+            "mode": str(self.mode),
+            "route": exchange.route,
+            "model": exchange.model,
+            "applied": list(compacted.strategies),
+            "tokens_before": compacted.tokens_before,
+            "tokens_after": compacted.tokens_after,
+            "context_limit": compacted.context_limit,
+            "cuts": [cut.document(full) for cut in compacted.cuts],
+        }
+        owner = exchange.client_key_id or ""
+        return LedgerRow(compacted.ledger_id, owner, now, now + self._ttl, document)
+
+    def record(self, exchange: Exchange) -> None:
+        """Queue the exchange's row, if it has one (never waits)."""
+        row = self.row_for(exchange)
+        if row is not None:
+            self._queue.submit(row)
+
+    async def read(self, ledger_id: str, owner: str | None) -> bytes:
+        """The row's JSON for its owner; `NotFound` for any other case, all alike."""
+        now = self._clock()
+        found: bytes | None = None
+        if 0 < len(ledger_id) <= MAX_ID_LENGTH:
+            pending = self._queue.unwritten(ledger_id)
+            if pending is not None:
+                mine = pending.owner == (owner or "") and pending.expires > now
+                found = pending.json() if mine else None
+            else:
+                found = await self._store.read_ledger(ledger_id, owner or "", now)
+        if found is None:
+            raise NotFound("no compaction ledger with this id", param="id")
+        return found

@@ -1,0 +1,51 @@
+"""Silent truncation: an upstream that cut a too-long prompt and answered 200 (DESIGN.md §11).
+
+Some servers (Ollama) drop the start of a prompt longer than their window without an error. The
+only trace is the usage they report: far fewer prompt tokens than were sent. Prompt caching
+cannot explain that — cached tokens are part of the reported prompt (OpenAI's `prompt_tokens`,
+the Responses API's `input_tokens`, Anthropic's input plus cache reads and writes) — but a
+calibrated estimate can be off, so a shortfall only counts when the estimate is over the
+window the proxy knows: a prompt that should not have fitted, and evidently did not.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from app.settings import redact_url
+from app.windows.registry import WindowRegistry
+
+logger = logging.getLogger(__name__)
+SILENT_SHARE = 0.70  # reported < this share of the estimate: the upstream did not see it all
+
+
+def silently_truncated(reported: int | None, estimate: int, window: int) -> bool:
+    """Whether an upstream that counted `reported` prompt tokens of a prompt estimated at
+    `estimate` tokens, for a window of `window`, must have cut it."""
+    if reported is None or reported <= 0 or estimate <= window:
+        return False
+    return reported < SILENT_SHARE * estimate
+
+
+def learn_silent_cut(
+    windows: WindowRegistry,
+    base_url: str,
+    model: str,
+    reported: int | None,
+    sent: tuple[int, int],
+) -> bool:
+    """Whether the upstream at `base_url` cut a prompt of `model` silently, by the `reported`
+    prompt tokens and what was `sent` (the estimate, the window assumed). If so, the window it
+    evidently holds is learned — never a larger one than assumed — and a WARNING says so,
+    without any content."""
+    estimate, window = sent
+    if reported is None or not silently_truncated(reported, estimate, window):
+        return False
+    if reported < window:
+        windows.learn(base_url, model, reported)
+    logger.warning(
+        "upstream %s silently truncated a prompt of %s: it counted %d tokens of the ~%d sent, "
+        "over the %d-token window assumed; now assuming a window of %d",
+        redact_url(base_url), model, reported, estimate, window, min(reported, window),
+    )  # fmt: skip
+    return True

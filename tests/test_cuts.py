@@ -40,7 +40,9 @@ def run(
     return result, cuts_of(conversation, result, simple_count)
 
 
-def agent(rounds: int, size: int) -> list[dict[str, Any]]:
+def agent(rounds: int, size: int, text: str = "file") -> list[dict[str, Any]]:
+    """An agent session: the task, then rounds of a call, its output (`text` and its number,
+    repeated `size` times) and a short answer."""
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": "You are a coding agent."},
         {"role": "user", "content": "Fix the failing test."},
@@ -59,7 +61,7 @@ def agent(rounds: int, size: int) -> list[dict[str, Any]]:
                 ],
             }
         )
-        messages.append({"role": "tool", "tool_call_id": f"c{i}", "content": f"file {i} " * size})
+        messages.append({"role": "tool", "tool_call_id": f"c{i}", "content": f"{text} {i} " * size})
         messages.append({"role": "assistant", "content": f"Read f{i}.py, looks fine."})
     return messages
 

@@ -23,6 +23,7 @@ from tests.conftest import make_settings
 from tests.fake_anthropic_upstream import FakeAnthropic
 from tests.fake_responses_upstream import FakeResponsesUpstream
 from tests.fake_upstream import FakeUpstream
+from tests.test_cuts import agent
 
 pytestmark = pytest.mark.anyio
 
@@ -31,19 +32,8 @@ SECRET = "hunter2-the-cut-secret"
 SMALL_WINDOW = {"x-compaction-context-limit": "2048"}
 
 
-def agent_messages(rounds: int = 12, size: int = 60) -> list[dict[str, Any]]:
-    messages: list[dict[str, Any]] = [
-        {"role": "system", "content": "You are a coding agent."},
-        {"role": "user", "content": "Fix the failing test."},
-    ]
-    for i in range(rounds):
-        messages += [
-            {"role": "assistant", "content": None, "tool_calls": [{"id": f"c{i}", "type": "function",
-                "function": {"name": "read_file", "arguments": f'{{"path": "f{i}.py"}}'}}]},
-            {"role": "tool", "tool_call_id": f"c{i}", "content": f"{SECRET} {i} " + "x " * size * 4},
-            {"role": "assistant", "content": f"Read f{i}.py."},
-        ]  # fmt: skip
-    return messages
+def agent_messages() -> list[dict[str, Any]]:
+    return agent(rounds=12, size=60, text=SECRET)
 
 
 def chat_body(**extra: Any) -> dict[str, Any]:

@@ -118,33 +118,19 @@ async def estimate(client: httpx.AsyncClient, body: dict[str, Any]) -> int:
     return int(counted.json()["prompt_tokens"])
 
 
-async def test_chat_a_normal_answer_sets_nothing(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize("fits", [False, True])
+async def test_chat_a_normal_answer_or_a_prompt_that_fits_sets_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, fits: bool
 ) -> None:
+    """Over the window, an answer that counted near the estimate; or a prompt that fits, with a
+    tiny reported count (a prompt cache, a server counting its own way): no evidence of a cut."""
     fake = FakeUpstream()
     fake.advertised_window = WINDOW
+    body = chat_body(turns=3 if fits else 30)
     async with proxy(tmp_path, fake.app) as (_, client):
-        fake.prompt_tokens = int(0.9 * await estimate(client, chat_body()))
-        first = await post(client, CHAT, chat_body(), NO_COMPACTION)
-        assert int(first.headers["x-compaction-tokens-after"]) > WINDOW
-        assert "x-compaction-upstream-truncated" not in first.headers
-        second = await post(client, CHAT, chat_body())
-        assert second.headers["x-compaction-context-limit"] == str(WINDOW)
-    assert warnings(caplog) == []
-
-
-async def test_chat_an_estimate_under_the_window_sets_nothing(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    """A prompt that fits: a tiny reported count (a prompt cache, a server counting its own way)
-    is no evidence of a cut."""
-    fake = FakeUpstream()
-    fake.advertised_window = WINDOW
-    fake.prompt_tokens = 11
-    async with proxy(tmp_path, fake.app) as (_, client):
-        small = chat_body(turns=3)
-        first = await post(client, CHAT, small, NO_COMPACTION)
-        assert int(first.headers["x-compaction-tokens-after"]) < WINDOW
+        fake.prompt_tokens = 11 if fits else int(0.9 * await estimate(client, body))
+        first = await post(client, CHAT, body, NO_COMPACTION)
+        assert (int(first.headers["x-compaction-tokens-after"]) < WINDOW) is fits
         assert "x-compaction-upstream-truncated" not in first.headers
         second = await post(client, CHAT, chat_body())
         assert second.headers["x-compaction-context-limit"] == str(WINDOW)

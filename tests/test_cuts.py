@@ -37,7 +37,7 @@ def run(
     result = compact(
         messages, pipeline, budget, simple_count, 0, summary=summary, summary_tokens=100
     )
-    return result, cuts_of(conversation, result, simple_count)
+    return result, cuts_of(conversation, result, [simple_count(m) for m in messages])
 
 
 def agent(rounds: int, size: int, text: str = "file") -> list[dict[str, Any]]:

@@ -12,7 +12,7 @@ tokens, the sha256 and the ref of its original content, and keeps a reference to
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -31,9 +31,10 @@ class CutCall:
 
     name: str
     arguments: Any
+    sha256: str
 
     def document(self, full: bool) -> dict[str, Any]:
-        doc: dict[str, Any] = {"name": self.name, "sha256": content_sha256(self.arguments)}
+        doc: dict[str, Any] = {"name": self.name, "sha256": self.sha256}
         if full:
             doc["arguments"] = self.arguments
         return doc
@@ -50,14 +51,13 @@ class Cut:
     kind: CutKind
     tokens: int  # the original message's tokens (the calibrated estimate)
     content: Any  # the original content (a string, a list of parts, or None)
+    sha256: str  # of the original content (`content_sha256`)
+    ref: str  # the ref a marker of that content carries (`ref_for`)
     calls: tuple[CutCall, ...] = ()
 
-    @property
-    def ref(self) -> str:
-        return ref_for(self.position, self.content)
-
     def document(self, full: bool) -> dict[str, Any]:
-        """The ledger's JSON entry; `full` adds the original content and arguments."""
+        """The ledger's JSON entry (hashes already made: cheap on the event loop); `full` adds
+        the original content and arguments."""
         doc: dict[str, Any] = {
             "position": self.position,
             "items": list(self.items),
@@ -65,7 +65,7 @@ class Cut:
             "tool": self.tool,
             "kind": self.kind,
             "tokens": self.tokens,
-            "sha256": content_sha256(self.content),
+            "sha256": self.sha256,
             "ref": self.ref,
         }
         if full:
@@ -81,21 +81,24 @@ def _calls(message: Mapping[str, Any]) -> tuple[CutCall, ...]:
     for call in calls if isinstance(calls, list) else []:
         function = call.get("function") if isinstance(call, Mapping) else None
         if isinstance(function, Mapping):
-            out.append(CutCall(str(function.get("name")), function.get("arguments")))
+            out.append(_call(function))
     legacy = message.get("function_call")
     if isinstance(legacy, Mapping):
-        out.append(CutCall(str(legacy.get("name")), legacy.get("arguments")))
+        out.append(_call(legacy))
     return tuple(out)
 
 
-def _tools(messages: Sequence[Mapping[str, Any]], start: int, end: int, kind: str) -> list[Any]:
-    """The tool name of each message of a unit: the calls' names for the calling message, the
-    answered tool for each output, None outside tool rounds."""
+def _call(function: Mapping[str, Any]) -> CutCall:
+    arguments = function.get("arguments")
+    return CutCall(str(function.get("name")), arguments, content_sha256(arguments))
+
+
+def _outputs(messages: Sequence[Mapping[str, Any]], start: int, end: int, kind: str) -> list[Any]:
+    """The tool each message of a unit answers: for each output of a tool round, the tool its
+    call names; None for the calling message and outside tool rounds."""
     if kind not in TOOL_KINDS:
         return [None] * (end - start)
-    chunk = messages[start:end]
-    called = ",".join(call.name for call in _calls(chunk[0])) or None
-    return [called, *tool_names(chunk)]
+    return [None, *tool_names(messages[start:end])]
 
 
 def _changed_kind(original: Mapping[str, Any], shown: Mapping[str, Any]) -> CutKind:
@@ -104,11 +107,10 @@ def _changed_kind(original: Mapping[str, Any], shown: Mapping[str, Any]) -> CutK
 
 
 def cuts_of(
-    conversation: Conversation,
-    result: CompactionResult,
-    count: Callable[[Mapping[str, Any]], int],
+    conversation: Conversation, result: CompactionResult, tokens: Sequence[int]
 ) -> tuple[Cut, ...]:
-    """Every view message `result` did not forward as received, in order."""
+    """Every view message `result` did not forward as received, in order; `tokens[i]` is the
+    size of view message i (the counts planning made)."""
     messages = conversation.messages
     plan = result.plan
     shown: dict[int, Mapping[str, Any]] = {
@@ -121,7 +123,7 @@ def cuts_of(
     for i, unit in enumerate(plan.units):
         if i < plan.head:
             continue
-        tools = _tools(messages, unit.start, unit.end, unit.kind)
+        answers = _outputs(messages, unit.start, unit.end, unit.kind)
         for position in range(unit.start, unit.end):
             original = messages[position]
             if not plan.kept(i):
@@ -130,16 +132,20 @@ def cuts_of(
                 continue
             else:
                 kind = _changed_kind(original, shown[position])
+            content = original.get("content")
+            calls = _calls(original)
             out.append(
                 Cut(
                     position=position,
                     items=conversation.origin(position),
                     role=str(original.get("role")),
-                    tool=tools[position - unit.start],
+                    tool=",".join(c.name for c in calls) or answers[position - unit.start],
                     kind=kind,
-                    tokens=count(original),
-                    content=original.get("content"),
-                    calls=_calls(original),
+                    tokens=tokens[position],
+                    content=content,
+                    sha256=content_sha256(content),
+                    ref=ref_for(position, content),
+                    calls=calls,
                 )
             )
     return tuple(out)

@@ -276,12 +276,7 @@ class CompactionService:
         the request, worked out in a worker thread for a large one."""
         if self._ledger is LedgerMode.OFF or not preview.result.applied:
             return compacted
-        model: str = preview.body["model"]
-        messages = preview.conversation.messages
-        count = partial(self._counter.count_message, model)
-        cuts = await offload(
-            messages, partial(cuts_of, preview.conversation, preview.result, count)
-        )
+        cuts = await offload(preview.conversation.messages, partial(self._cuts, preview))
         if not cuts:
             return compacted
         ledger_id = secrets.token_urlsafe(16)
@@ -366,6 +361,12 @@ class CompactionService:
             model, info.window, info.prompt_tokens, preview.result.tokens_after,
         )  # fmt: skip
         return await self._ledgered(preview, self._compacted(wire, preview))
+
+    def _cuts(self, preview: Preview) -> tuple[Cut, ...]:
+        messages = list(preview.conversation.messages)
+        # the counts planning just made (the counter's prefix cache: no message counted again)
+        tokens = self._counter.count_messages(preview.body["model"], messages)
+        return cuts_of(preview.conversation, preview.result, tokens)
 
     def upstream_truncated(
         self, model: str, sent: Compacted, base_url: str, reported: int | None

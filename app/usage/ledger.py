@@ -15,6 +15,7 @@ of a row is ever logged.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from app.errors import NotFound
 from app.settings import LedgerMode
 
 if TYPE_CHECKING:
+    from app.compaction.cuts import Cut
     from app.proxy.service import Exchange
     from app.usage.records import UsageQueue, UsageStore
 
@@ -34,16 +36,21 @@ MAX_ID_LENGTH = 64  # ids are 22 characters; a longer one is not looked up
 
 @dataclass(frozen=True, slots=True)
 class LedgerRow:
-    """One compacted request's ledger row: the JSON document `GET` returns, and who may."""
+    """One compacted request's ledger row: what `GET` returns, and who may read it."""
 
     id: str
     owner: str  # the client key id, or "" for a client that sent no credential
     created: float  # Unix time
     expires: float
-    document: dict[str, Any]
+    summary: dict[str, Any]  # the document without its cuts
+    cuts: tuple[Cut, ...] = ()
+    full: bool = False  # the cuts' original contents too
 
     def json(self) -> bytes:
-        return orjson.dumps(self.document)
+        """The JSON document, built only here — in the writer's thread or the reader's, never
+        on the request path (thousands of cuts take milliseconds)."""
+        cuts = [cut.document(self.full) for cut in self.cuts]
+        return orjson.dumps({**self.summary, "cuts": cuts})
 
 
 def ledger_mode(settings_mode: LedgerMode, database_url: str) -> LedgerMode:
@@ -74,8 +81,7 @@ class Ledger:
         if self.mode is LedgerMode.OFF or compacted is None or compacted.ledger_id is None:
             return None
         now = self._clock()
-        full = self.mode is LedgerMode.FULL
-        document = {
+        summary = {
             "id": compacted.ledger_id,
             "object": "compaction.ledger",
             "created": now,
@@ -87,10 +93,11 @@ class Ledger:
             "tokens_before": compacted.tokens_before,
             "tokens_after": compacted.tokens_after,
             "context_limit": compacted.context_limit,
-            "cuts": [cut.document(full) for cut in compacted.cuts],
         }
         owner = exchange.client_key_id or ""
-        return LedgerRow(compacted.ledger_id, owner, now, now + self._ttl, document)
+        full = self.mode is LedgerMode.FULL
+        expires = now + self._ttl
+        return LedgerRow(compacted.ledger_id, owner, now, expires, summary, compacted.cuts, full)
 
     def record(self, exchange: Exchange) -> None:
         """Queue the exchange's row, if it has one (never waits)."""
@@ -106,7 +113,7 @@ class Ledger:
             pending = self._queue.unwritten(ledger_id)
             if pending is not None:
                 mine = pending.owner == (owner or "") and pending.expires > now
-                found = pending.json() if mine else None
+                found = await asyncio.to_thread(pending.json) if mine else None
             else:
                 found = await self._store.read_ledger(ledger_id, owner or "", now)
         if found is None:

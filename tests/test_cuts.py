@@ -32,12 +32,13 @@ def run(
     pipeline: tuple[StrategyName, ...],
     budget: Budget = BUDGET,
     summary: str | None = None,
+    keep: bool = True,
 ) -> tuple[CompactionResult, tuple[Cut, ...]]:
     messages = conversation.messages
     result = compact(
         messages, pipeline, budget, simple_count, 0, summary=summary, summary_tokens=100
     )
-    return result, cuts_of(conversation, result, [simple_count(m) for m in messages])
+    return result, cuts_of(conversation, result, [simple_count(m) for m in messages], keep)
 
 
 def agent(rounds: int, size: int, text: str = "file") -> list[dict[str, Any]]:
@@ -112,6 +113,18 @@ def test_full_documents_keep_the_original_content_and_arguments() -> None:
             doc.get("calls", []), messages[cut.position].get("tool_calls") or [], strict=True
         ):
             assert call["arguments"] == original["function"]["arguments"]
+
+
+def test_without_full_nothing_of_the_content_is_held() -> None:
+    messages = agent(rounds=12, size=60)
+    _, kept = run(chat(messages), ("trim",))
+    _, meta = run(chat(messages), ("trim",), keep=False)
+    assert [c.document(full=False) for c in meta] == [c.document(full=False) for c in kept]
+    for cut in meta:
+        assert cut.content is None
+        assert cut.size == 0
+        assert all(call.arguments is None for call in cut.calls)
+    assert all(c.size > 0 for c in kept)
 
 
 def test_pruned_and_truncated_outputs_are_kinds_of_their_own() -> None:

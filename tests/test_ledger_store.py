@@ -13,6 +13,7 @@ import anyio
 import orjson
 import pytest
 
+from app.compaction.cuts import Cut
 from app.errors import NotFound
 from app.settings import LedgerMode
 from app.usage.ledger import Ledger, LedgerRow
@@ -229,3 +230,31 @@ async def test_ids_longer_than_any_issued_are_not_looked_up() -> None:
     for ledger_id in ("", "x" * 65):
         with pytest.raises(NotFound):
             await ledger.read(ledger_id, "k1")
+
+
+def held(ledger_id: str, size: int) -> LedgerRow:
+    """A `full` row holding `size` bytes of original content."""
+    content = "x" * size
+    cut = Cut(1, (1,), "tool", "read", "trimmed", 3, content, "0" * 64, "r" * 12, size=size)
+    return LedgerRow(ledger_id, "k1", NOW, NOW + 60, {"id": ledger_id}, (cut,), full=True)
+
+
+async def test_originals_waiting_to_be_written_are_bounded_in_bytes() -> None:
+    store = GatedStore()
+    await store.open()
+    queue = UsageQueue(store, max_ledger_bytes=1000)
+    queue.submit(held("a", 600))
+    queue.submit(held("b", 600))  # would hold 1,200 bytes: dropped and counted
+    queue.submit(row("meta"))  # holds no content: always taken
+    assert queue.dropped == 1
+    assert queue.unwritten("b") is None
+    assert queue.unwritten("meta") is not None
+    await queue.start()
+    store.gate.set()
+    with anyio.fail_after(5):
+        await store.wrote.wait()
+    queue.submit(held("c", 900))  # "a" was written: its bytes are free again
+    assert queue.unwritten("c") is not None
+    await queue.close()
+    assert orjson.loads(await store.read_ledger("c", "k1", NOW) or b"{}")["cuts"][0]["content"]
+    await store.close()

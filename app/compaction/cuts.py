@@ -6,8 +6,8 @@ that is not forwarded as it was received is one `Cut` — `trimmed`, `summarized
 shrunk. A message of the pinned head is never a cut (a summary folded into the head's user
 message adds a part after its own, unchanged content). Each cut names its position (the view
 index, the one a marker's ref is made of), the body items it stands for, its role, tool name,
-tokens, the sha256 and the ref of its original content, and keeps a reference to that content
-(stored only when the ledger keeps originals).
+tokens, the sha256 and the ref of its original content; only when the ledger keeps originals
+does it hold that content too (else nothing of a cut message outlives the request).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from app.compaction.engine import CompactionResult
 from app.compaction.formats import Conversation
 from app.compaction.planner import TOOL_KINDS
 from app.compaction.prune import is_placeholder, tool_names
-from app.compaction.refs import content_sha256, ref_for
+from app.compaction.refs import content_bytes, content_sha256, ref_for
 
 CutKind = Literal["truncated", "pruned", "trimmed", "summarized", "dropped"]
 
@@ -30,7 +30,7 @@ class CutCall:
     """A tool call of a cut assistant message: its name and its original arguments."""
 
     name: str
-    arguments: Any
+    arguments: Any  # None unless the ledger keeps originals
     sha256: str
 
     def document(self, full: bool) -> dict[str, Any]:
@@ -50,10 +50,11 @@ class Cut:
     tool: str | None  # the tool an output answers; the tools an assistant message calls
     kind: CutKind
     tokens: int  # the original message's tokens (the calibrated estimate)
-    content: Any  # the original content (a string, a list of parts, or None)
+    content: Any  # the original content (a string, a list of parts), None unless kept
     sha256: str  # of the original content (`content_sha256`)
     ref: str  # the ref a marker of that content carries (`ref_for`)
     calls: tuple[CutCall, ...] = ()
+    size: int = 0  # bytes of original content and arguments held (0 unless kept)
 
     def document(self, full: bool) -> dict[str, Any]:
         """The ledger's JSON entry (hashes already made: cheap on the event loop); `full` adds
@@ -75,22 +76,27 @@ class Cut:
         return doc
 
 
-def _calls(message: Mapping[str, Any]) -> tuple[CutCall, ...]:
+def _calls(message: Mapping[str, Any], keep: bool) -> tuple[CutCall, ...]:
     calls = message.get("tool_calls")
-    out: list[CutCall] = []
-    for call in calls if isinstance(calls, list) else []:
-        function = call.get("function") if isinstance(call, Mapping) else None
-        if isinstance(function, Mapping):
-            out.append(_call(function))
-    legacy = message.get("function_call")
-    if isinstance(legacy, Mapping):
-        out.append(_call(legacy))
-    return tuple(out)
+    functions = (
+        [c.get("function") for c in calls if isinstance(c, Mapping)]
+        if isinstance(calls, list)
+        else []
+    )
+    functions.append(message.get("function_call"))  # legacy
+    return tuple(
+        CutCall(
+            str(f.get("name")),
+            f.get("arguments") if keep else None,
+            content_sha256(f.get("arguments")),
+        )
+        for f in functions
+        if isinstance(f, Mapping)
+    )
 
 
-def _call(function: Mapping[str, Any]) -> CutCall:
-    arguments = function.get("arguments")
-    return CutCall(str(function.get("name")), arguments, content_sha256(arguments))
+def _size(value: Any) -> int:
+    return 0 if value is None else len(content_bytes(value))
 
 
 def _outputs(messages: Sequence[Mapping[str, Any]], start: int, end: int, kind: str) -> list[Any]:
@@ -107,10 +113,10 @@ def _changed_kind(original: Mapping[str, Any], shown: Mapping[str, Any]) -> CutK
 
 
 def cuts_of(
-    conversation: Conversation, result: CompactionResult, tokens: Sequence[int]
+    conversation: Conversation, result: CompactionResult, tokens: Sequence[int], keep: bool
 ) -> tuple[Cut, ...]:
     """Every view message `result` did not forward as received, in order; `tokens[i]` is the
-    size of view message i (the counts planning made)."""
+    size of view message i (the counts planning made). `keep`: hold the original contents."""
     messages = conversation.messages
     plan = result.plan
     shown: dict[int, Mapping[str, Any]] = {
@@ -133,7 +139,7 @@ def cuts_of(
             else:
                 kind = _changed_kind(original, shown[position])
             content = original.get("content")
-            calls = _calls(original)
+            calls = _calls(original, keep)
             out.append(
                 Cut(
                     position=position,
@@ -142,10 +148,11 @@ def cuts_of(
                     tool=",".join(c.name for c in calls) or answers[position - unit.start],
                     kind=kind,
                     tokens=tokens[position],
-                    content=content,
+                    content=content if keep else None,
                     sha256=content_sha256(content),
                     ref=ref_for(position, content),
                     calls=calls,
+                    size=_size(content) + sum(_size(c.arguments) for c in calls) if keep else 0,
                 )
             )
     return tuple(out)

@@ -366,7 +366,8 @@ class CompactionService:
         messages = list(preview.conversation.messages)
         # the counts planning just made (the counter's prefix cache: no message counted again)
         tokens = self._counter.count_messages(preview.body["model"], messages)
-        return cuts_of(preview.conversation, preview.result, tokens)
+        keep = self._ledger is LedgerMode.FULL
+        return cuts_of(preview.conversation, preview.result, tokens, keep)
 
     def upstream_truncated(
         self, model: str, sent: Compacted, base_url: str, reported: int | None

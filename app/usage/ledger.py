@@ -46,6 +46,11 @@ class LedgerRow:
     cuts: tuple[Cut, ...] = ()
     full: bool = False  # the cuts' original contents too
 
+    @property
+    def size(self) -> int:
+        """Bytes of original content the row holds (0 without `full`)."""
+        return sum(cut.size for cut in self.cuts)
+
     def json(self) -> bytes:
         """The JSON document, built only here — in the writer's thread or the reader's, never
         on the request path (thousands of cuts take milliseconds)."""

@@ -103,7 +103,9 @@ class UsageQueue:
     batch and counts what still fails in `failed`.
 
     Ledger rows (DESIGN.md §11) travel the same way; until one is written, `unwritten` finds it,
-    so a client reads its ledger on this replica the moment its response has been sent.
+    so a client reads its ledger on this replica the moment its response has been sent. Rows
+    that keep originals (`INFLIGHT_LEDGER=full`) also count their bytes: past
+    `max_ledger_bytes` waiting, new ones are dropped and counted too.
     """
 
     def __init__(
@@ -115,8 +117,11 @@ class UsageQueue:
         retries: int = 5,
         retry_delay: float = 0.2,
         max_backoff: float = 5.0,
+        max_ledger_bytes: int = 256 * 1024 * 1024,
     ) -> None:
         self._store = store
+        self._max_ledger_bytes = max_ledger_bytes
+        self._ledger_bytes = 0  # original contents held by the unwritten ledger rows
         self._queue: asyncio.Queue[Item] = asyncio.Queue(maxsize=max_pending)
         self._max_batch = max_batch
         self._retries = retries
@@ -141,13 +146,28 @@ class UsageQueue:
 
     def submit(self, record: Item) -> None:
         try:
-            self._queue.put_nowait(record)
             if isinstance(record, LedgerRow):
-                self._unwritten[record.id] = record
+                self._hold(record)
+            self._queue.put_nowait(record)
         except asyncio.QueueFull:
+            if isinstance(record, LedgerRow):
+                self._release([record])
             self.dropped += 1
             if self.dropped == 1 or self.dropped % 10_000 == 0:
                 logger.error("usage queue full: %d records dropped so far", self.dropped)
+
+    def _hold(self, row: LedgerRow) -> None:
+        size = row.size
+        if size and self._ledger_bytes + size > self._max_ledger_bytes:
+            raise asyncio.QueueFull  # the originals waiting to be written would pass the bound
+        self._ledger_bytes += size
+        self._unwritten[row.id] = row
+
+    def _release(self, items: Sequence[Item]) -> None:
+        """Forget ledger rows written (or given up on)."""
+        for item in items:
+            if isinstance(item, LedgerRow) and self._unwritten.pop(item.id, None) is not None:
+                self._ledger_bytes -= item.size
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="inflight-usage-writer")
@@ -198,16 +218,10 @@ class UsageQueue:
         records = [item for item in self._in_hand if not isinstance(item, LedgerRow)]
         if rows:
             await self._store.write_ledger(rows)
-            for row in rows:
-                self._unwritten.pop(row.id, None)
+            self._release(rows)
         if records:
             await self._store.write_many(records)
         self.written += len(records)
-
-    def _forget(self, items: Sequence[Item]) -> None:
-        for item in items:
-            if isinstance(item, LedgerRow):
-                self._unwritten.pop(item.id, None)
 
     async def close(self) -> None:
         """Stop the writer and flush every queued record (a bounded number of attempts each)."""
@@ -225,7 +239,7 @@ class UsageQueue:
                 self._in_hand = self._drain(self._queue.get_nowait())
             if not await self._write(attempts=self._retries):
                 self.failed += len(self._in_hand)
-                self._forget(self._in_hand)
+                self._release(self._in_hand)
                 logger.error(
                     "dropped %d usage records after %d attempts", len(self._in_hand), self._retries
                 )

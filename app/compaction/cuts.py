@@ -78,6 +78,8 @@ class Cut:
 
 def _calls(message: Mapping[str, Any], keep: bool) -> tuple[CutCall, ...]:
     calls = message.get("tool_calls")
+    if calls is None and message.get("function_call") is None:
+        return ()  # the common case: an output or a plain message
     functions = (
         [c.get("function") for c in calls if isinstance(c, Mapping)]
         if isinstance(calls, list)
@@ -129,7 +131,7 @@ def cuts_of(
     for i, unit in enumerate(plan.units):
         if i < plan.head:
             continue
-        answers = _outputs(messages, unit.start, unit.end, unit.kind)
+        answers: list[Any] | None = None  # found for the first cut of the unit
         for position in range(unit.start, unit.end):
             original = messages[position]
             if not plan.kept(i):
@@ -138,6 +140,8 @@ def cuts_of(
                 continue
             else:
                 kind = _changed_kind(original, shown[position])
+            if answers is None:
+                answers = _outputs(messages, unit.start, unit.end, unit.kind)
             content = original.get("content")
             calls = _calls(original, keep)
             out.append(

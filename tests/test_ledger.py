@@ -300,3 +300,22 @@ async def test_messages_requests_have_their_ledger(tmp_path: Path) -> None:
                 "user" if cut["role"] == "tool" else "assistant"
             )
         await not_found(client, ledger_id, {"x-api-key": "sk-ant-b"})
+
+
+async def test_after_an_overflow_retry_the_id_is_the_one_of_what_was_sent(tmp_path: Path) -> None:
+    """The upstream refuses the first compaction (its window is smaller than it advertises); the
+    retry is compacted again, and the ledger returned is the retry's."""
+    fake = FakeUpstream()
+    fake.context_window = 3000
+    fake.advertised_window = 32000
+    messages = agent(rounds=40, size=60, text=SECRET)
+    body = {"model": "fake-model", "max_tokens": 100, "messages": messages}
+    async with proxy(tmp_path, fake.app) as client:
+        response = await client.post("/v1/chat/completions", json=body, headers=bearer("sk-a"))
+        assert response.status_code == 200, response.text
+        assert len(fake.chat_requests) >= 2  # refused, then retried
+        ledger_id = response.headers["x-compaction-id"]
+        found = await client.get(f"/v1/compaction/ledger/{ledger_id}", headers=bearer("sk-a"))
+        document = found.json()
+        assert document["context_limit"] == 3000
+        assert document["tokens_after"] == int(response.headers["x-compaction-tokens-after"])

@@ -152,6 +152,7 @@ async def test_nothing_cut_no_id(tmp_path: Path) -> None:
         assert response.status_code == 200
         assert response.headers["x-compaction-applied"] == "none"
         assert "x-compaction-id" not in response.headers
+        assert await compacted_id(client, {})  # the same proxy gives one where it cuts
 
 
 async def not_found(client: httpx.AsyncClient, ledger_id: str, headers: dict[str, str]) -> Any:

@@ -134,7 +134,10 @@ async def test_chat_a_normal_answer_or_a_prompt_that_fits_sets_nothing(
         assert "x-compaction-upstream-truncated" not in first.headers
         second = await post(client, CHAT, chat_body())
         assert second.headers["x-compaction-context-limit"] == str(WINDOW)
-    assert warnings(caplog) == []
+        assert warnings(caplog) == []
+        fake.prompt_tokens = SEEN  # the control: the same proxy does see a cut
+        cut = await post(client, CHAT, chat_body(), NO_COMPACTION)
+        assert cut.headers["x-compaction-upstream-truncated"] == "true"
 
 
 async def test_chat_a_stream_learns_and_logs_but_its_headers_were_sent(

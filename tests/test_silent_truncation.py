@@ -50,6 +50,18 @@ def test_the_rule(reported: int | None, estimate: int, window: int, truncated: b
     assert SILENT_SHARE == 0.70
 
 
+@pytest.mark.parametrize(
+    ("reported", "estimate", "truncated"),
+    [(1500, 4000, True), (2900, 4000, False), (None, 4000, False)],
+)
+def test_a_trusted_estimate_counts_under_the_window(
+    reported: int | None, estimate: int, truncated: bool
+) -> None:
+    """Exact or calibrated: a 30 % shortfall is no counting error, even under the window."""
+    assert silently_truncated(reported, estimate, 32768, trusted=True) is truncated
+    assert not silently_truncated(reported, estimate, 32768, trusted=False)
+
+
 def chat_body(turns: int = 30, **extra: Any) -> dict[str, Any]:
     messages: list[dict[str, Any]] = [{"role": "system", "content": "Be brief."}]
     for i in range(turns):
@@ -116,6 +128,37 @@ async def test_chat_a_silent_cut_is_reported_learned_and_logged(
 async def estimate(client: httpx.AsyncClient, body: dict[str, Any]) -> int:
     counted = await post(client, "/v1/compaction/count", body)
     return int(counted.json()["prompt_tokens"])
+
+
+async def test_chat_a_session_growing_past_a_smaller_server_window_is_caught(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Ollama's case: the proxy believes a large window (the table, discovery), the server runs
+    a small `num_ctx`. Short requests are counted in full (the counter calibrates on them);
+    once the conversation outgrows the server, its count stops growing. The estimate is under
+    the window the proxy knows, but calibrated: the cut is caught, and the next request is
+    compacted to what the server holds. A first request with no calibration is not taken for
+    a cut (the shortfall could be a counting error)."""
+    fake = FakeUpstream()
+    fake.advertised_window = 32768
+    async with proxy(tmp_path, fake.app) as (app, client):
+        fake.prompt_tokens = SEEN
+        long = chat_body(turns=30)
+        uncalibrated = await post(client, CHAT, long)
+        assert int(uncalibrated.headers["x-compaction-tokens-after"]) < 32768
+        assert "x-compaction-upstream-truncated" not in uncalibrated.headers
+        for turns in (2, 4, 6):  # short requests the server sees whole
+            short = chat_body(turns=turns)
+            fake.prompt_tokens = await estimate(client, short)
+            await post(client, CHAT, short)
+        assert MODEL in app.state.inflight.counter.calibration_factors()
+        fake.prompt_tokens = SEEN
+        caught = await post(client, CHAT, long)
+        assert caught.headers["x-compaction-upstream-truncated"] == "true"
+        assert len(warnings(caplog)) == 1
+        after = await post(client, CHAT, long)
+        assert after.headers["x-compaction-context-limit"] == str(SEEN)
+        assert int(after.headers["x-compaction-tokens-after"]) <= SEEN
 
 
 @pytest.mark.parametrize("fits", [False, True])

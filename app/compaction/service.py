@@ -375,7 +375,8 @@ class CompactionService:
         """Whether the upstream cut what was `sent` silently, by the prompt tokens it
         `reported` (DESIGN.md §11); if so, the window it holds is learned and logged."""
         estimate = (sent.tokens_after, sent.context_limit)
-        return learn_silent_cut(self._windows, base_url, model, reported, estimate)
+        trusted = self._counter.is_exact(model) or model in self._counter.calibration_factors()
+        return learn_silent_cut(self._windows, base_url, model, reported, estimate, trusted)
 
 
 def _bound(wire: WireFormat, body: Mapping[str, Any], failed: Compacted) -> OverflowInfo | None:

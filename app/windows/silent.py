@@ -4,8 +4,12 @@ Some servers (Ollama) drop the start of a prompt longer than their window withou
 only trace is the usage they report: far fewer prompt tokens than were sent. Prompt caching
 cannot explain that — cached tokens are part of the reported prompt (OpenAI's `prompt_tokens`,
 the Responses API's `input_tokens`, Anthropic's input plus cache reads and writes) — but a
-calibrated estimate can be off, so a shortfall only counts when the estimate is over the
-window the proxy knows: a prompt that should not have fitted, and evidently did not.
+estimate can be off, so a shortfall only counts when the estimate is over the window the proxy
+knows (a prompt that should not have fitted, and evidently did not), or when the estimate can be
+trusted: the model's tokenizer is exact, or the counter has calibrated on this model's earlier
+answers. That second case is the one Ollama users meet: the table (or discovery) says 128k, the
+server runs a 2k–8k `num_ctx`, the conversation grows past it, and only the reported count
+stops growing — a trusted estimate 30 % over it is no counting error.
 """
 
 from __future__ import annotations
@@ -19,10 +23,13 @@ logger = logging.getLogger(__name__)
 SILENT_SHARE = 0.70  # reported < this share of the estimate: the upstream did not see it all
 
 
-def silently_truncated(reported: int | None, estimate: int, window: int) -> bool:
+def silently_truncated(
+    reported: int | None, estimate: int, window: int, trusted: bool = False
+) -> bool:
     """Whether an upstream that counted `reported` prompt tokens of a prompt estimated at
-    `estimate` tokens, for a window of `window`, must have cut it."""
-    if reported is None or reported <= 0 or estimate <= window:
+    `estimate` tokens, for a window of `window`, must have cut it; `trusted`: the estimate is
+    exact or calibrated on this model's earlier answers."""
+    if reported is None or reported <= 0 or (estimate <= window and not trusted):
         return False
     return reported < SILENT_SHARE * estimate
 
@@ -33,19 +40,20 @@ def learn_silent_cut(
     model: str,
     reported: int | None,
     sent: tuple[int, int],
+    trusted: bool = False,
 ) -> bool:
     """Whether the upstream at `base_url` cut a prompt of `model` silently, by the `reported`
     prompt tokens and what was `sent` (the estimate, the window assumed). If so, the window it
     evidently holds is learned — never a larger one than assumed — and a WARNING says so,
     without any content."""
     estimate, window = sent
-    if reported is None or not silently_truncated(reported, estimate, window):
+    if reported is None or not silently_truncated(reported, estimate, window, trusted):
         return False
     if reported < window:
         windows.learn(base_url, model, reported)
     logger.warning(
-        "upstream %s silently truncated a prompt of %s: it counted %d tokens of the ~%d sent, "
-        "over the %d-token window assumed; now assuming a window of %d",
+        "upstream %s silently truncated a prompt of %s: it counted %d tokens of the ~%d sent "
+        "(window assumed: %d tokens); now assuming a window of %d",
         redact_url(base_url), model, reported, estimate, window, min(reported, window),
     )  # fmt: skip
     return True

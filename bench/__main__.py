@@ -47,13 +47,10 @@ def main() -> None:
             targets = {
                 "direct": upstream,
                 "bare relay": stack.enter_context(bare_relay(upstream)),
-                "inflight": stack.enter_context(
-                    proxy(
-                        upstream,
-                        {"INFLIGHT_DATABASE_URL": "none", "INFLIGHT_CONTEXT_LIMIT": "131072"},
-                    )
-                ),
             }
+            env = {"INFLIGHT_DATABASE_URL": "none", "INFLIGHT_CONTEXT_LIMIT": "131072"}
+            for name, replays in (("inflight before", False), ("inflight", True)):
+                targets[name] = stack.enter_context(proxy(upstream, env, replays=replays))
             print("## The hot path: inflight against a bare relay as conversations grow\n")
             print(hot_path.added_latency(targets, n=args.n) + "\n")
         print(hot_path.own_work() + "\n")

@@ -12,9 +12,11 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import statistics
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import httpx
@@ -23,11 +25,13 @@ import orjson
 from app.cli.simulate import request_points
 from app.compaction.engine import compact
 from app.compaction.policy import Budget, StrategyName
+from app.compaction.replays import ReplayCache, Replays
 from app.factory import create_app
 from app.settings import Settings
 from app.tokens.counter import ChatTokenCounter, count_within
 from app.tokens.encodings import load_encodings
 from bench.overhead import _bare_relay, _upstream
+from bench.variant import without_replays
 from tests.support import load_traces
 
 Messages = list[dict[str, Any]]
@@ -82,37 +86,52 @@ def _time(client: httpx.Client, url: str, body: bytes, stream: bool) -> float:
 
 
 def added_latency(targets: dict[str, str], n: int = 200) -> str:
-    """Targets: "direct", "bare relay", "inflight" base URLs. Interleaved request by request."""
+    """Targets: "direct", "bare relay", "inflight" base URLs, and "inflight before" (the replay
+    cache off: `bench.variant`). Interleaved request by request."""
     cases = {
         "60 messages (~20k tokens)": (conversation(60, 75), 60, False),
         "300-message session (~45k tokens)": (conversation(360, 30), 300, True),
     }
     lines = [
-        "| request | mode | direct p50 ms | bare relay adds | inflight adds | inflight / relay |",
+        "| request | mode | direct p50 ms | bare relay adds | inflight adds, before → after "
+        "| inflight / relay, before → after |",
         "|---|---|---:|---:|---:|---:|",
     ]
     with httpx.Client(timeout=60, headers=HEADERS) as client:
         for label, (messages, start, grows) in cases.items():
             for mode in ("json", "stream TTFB"):
-                samples: dict[str, list[float]] = {name: [] for name in targets}
-                bodies = list(growing(messages, start, n if grows else 1))
-                for url in targets.values():  # warm-up (the session's first request)
-                    for _ in range(10):
-                        _time(client, url, bodies[0], mode != "json")
-                for i in range(n):
-                    for name, url in targets.items():
-                        body = bodies[i % len(bodies)]
-                        samples[name].append(_time(client, url, body, mode != "json"))
-                p50 = {name: statistics.median(s) for name, s in samples.items()}
-                relay, ours = p50["bare relay"] - p50["direct"], p50["inflight"] - p50["direct"]
+                p50 = _interleaved(
+                    client,
+                    targets,
+                    list(growing(messages, start, n if grows else 1)),
+                    n,
+                    mode != "json",
+                )
+                relay = p50["bare relay"] - p50["direct"]
+                before, after = (p50[t] - p50["direct"] for t in ("inflight before", "inflight"))
                 lines.append(
-                    f"| {label} | {mode} | {p50['direct']:.2f} | {relay:.2f} | {ours:.2f} | "
-                    f"{ours / relay:.2f}× |"
+                    f"| {label} | {mode} | {p50['direct']:.2f} | {relay:.2f} | "
+                    f"{before:.2f} → {after:.2f} | {before / relay:.2f}× → {after / relay:.2f}× |"
                 )
     return (
         f"Added latency on loopback, p50 of {n} requests per target, interleaved (the session "
-        "adds a message each request):\n\n" + "\n".join(lines)
+        "adds a message each request); before: the same build with the replay cache off:\n\n"
+        + "\n".join(lines)
     )
+
+
+def _interleaved(
+    client: httpx.Client, targets: dict[str, str], bodies: list[bytes], n: int, stream: bool
+) -> dict[str, float]:
+    """p50 ms per target, request by request in turn (each session's first request warms)."""
+    samples: dict[str, list[float]] = {name: [] for name in targets}
+    for url in targets.values():
+        for _ in range(10):
+            _time(client, url, bodies[0], stream)
+    for i in range(n):
+        for name, url in targets.items():
+            samples[name].append(_time(client, url, bodies[i % len(bodies)], stream))
+    return {name: statistics.median(s) for name, s in samples.items()}
 
 
 # -- inflight's own work, in process ---------------------------------------------------------
@@ -136,18 +155,25 @@ async def _ms_per_request(
         return statistics.median(samples)
 
 
-async def _own_work(messages: Messages, start: int, count: int, window: int) -> tuple[float, float]:
-    """(inflight ms, bare relay ms) per request of a session growing from `start` messages."""
+async def _own_work(
+    messages: Messages, start: int, count: int, window: int
+) -> tuple[float, float, float]:
+    """(inflight ms with the replay cache off, on, bare relay ms) per request of a session
+    growing from `start` messages."""
     bodies = list(growing(messages, start, count))
     warm = bodies[:1]
     bare = await _ms_per_request(_bare_relay(), bodies[1:], 1, warm)
     settings = Settings(
         _env_file=None, upstream_url="http://up/v1", database_url="none", context_limit=window
     )
-    app = create_app(settings, transport=httpx.MockTransport(_upstream))
-    async with app.router.lifespan_context(app):
-        ours = await _ms_per_request(app, bodies[1:], 1, warm)
-    return ours, bare
+    ms = []
+    for replays in (False, True):
+        app = create_app(settings, transport=httpx.MockTransport(_upstream))
+        if not replays:
+            without_replays(app)
+        async with app.router.lifespan_context(app):
+            ms.append(await _ms_per_request(app, bodies[1:], 1, warm))
+    return ms[0], ms[1], bare
 
 
 def own_work(count: int = 40) -> str:
@@ -158,15 +184,20 @@ def own_work(count: int = 40) -> str:
         ("2,000 messages, compacted (32k window)", conversation(2100, 8), 2000, 32_768),
     ]
     lines = [
-        "| conversation | inflight ms | bare relay ms | inflight's own work ms |",
+        "| conversation | bare relay ms | inflight ms, before → after "
+        "| inflight's own work ms, before → after |",
         "|---|---:|---:|---:|",
     ]
     for label, messages, start, window in cases:
-        ours, bare = asyncio.run(_own_work(messages, start, count, window))
-        lines.append(f"| {label} | {ours:.2f} | {bare:.2f} | {ours - bare:.2f} |")
+        before, after, bare = asyncio.run(_own_work(messages, start, count, window))
+        lines.append(
+            f"| {label} | {bare:.2f} | {before:.2f} → {after:.2f} | "
+            f"{before - bare:.2f} → {after - bare:.2f} |"
+        )
     return (
         f"In process (ASGI, in-memory upstream), each request the previous one plus a message, "
-        f"median of {count} requests after the first:\n\n" + "\n".join(lines)
+        f"median of {count} requests after the first; before: the replay cache off:\n\n"
+        + "\n".join(lines)
     )
 
 
@@ -198,47 +229,52 @@ def cold_counting() -> str:
 
 
 def event_plan_times(window: int = 16_384) -> str:
-    """Per transcript, turn by turn with one warm counter: the plan time of each request whose
-    compaction moved (a new event), p50 and p99 over all transcripts."""
+    """Per transcript, turn by turn with one warm counter, as the service plans (the replay
+    cache off, then on): the count + plan time of each request whose compaction moved (a new
+    event) and of the others, p50 and p99 over all transcripts."""
     counter = ChatTokenCounter(load_encodings())
     budget = Budget(window, 1024, 0.8, 0.5)
     pipeline: tuple[StrategyName, ...] = ("truncate", "prune", "trim")
-    events: list[float] = []
-    quiet: list[float] = []
+    times: dict[bool, tuple[list[float], list[float]]] = {False: ([], []), True: ([], [])}
     for _, messages in load_traces():
-        last: tuple[int, ...] = ()
-        for k in range(1, len(messages) + 1):
-            if k not in set(request_points(messages[: k + 1])):
-                continue
-            request = messages[:k]
-            memo: dict[int, int] = {}  # as the service counts: the request at once
-            start = time.perf_counter()
-            fixed = counter.count_fixed("gpt-4o", {"messages": request})
-            result = compact(
-                request,
-                pipeline,
-                budget,
-                lambda m, r=request, c=memo: count_within(counter, "gpt-4o", r, c, m),
-                fixed,
-            )
-            took = (time.perf_counter() - start) * 1000
-            moved = result.plan.events
-            (events if moved != last else quiet).append(took)
-            last = moved
-    return _event_table(events, quiet, window)
+        points = request_points(messages)
+        for remember in (False, True):
+            replays = Replays(ReplayCache(), partial(counter.counting, "gpt-4o"))
+            events, quiet = times[remember]
+            last: tuple[int, ...] = ()
+            for k in points:
+                request = copy.deepcopy(messages[:k])  # a new request's own objects
+                memo: dict[int, int] = {}  # as the service counts: the request at once
+                start = time.perf_counter()
+                fixed = counter.count_fixed("gpt-4o", {"messages": request})
+                result = compact(
+                    request,
+                    pipeline,
+                    budget,
+                    lambda m, r=request, c=memo: count_within(counter, "gpt-4o", r, c, m),
+                    fixed,
+                    replays=replays if remember else None,
+                )
+                took = (time.perf_counter() - start) * 1000
+                (events if result.plan.events != last else quiet).append(took)
+                last = result.plan.events
+    return _event_table(times, window)
 
 
-def _event_table(events: list[float], quiet: list[float], window: int) -> str:
+def _event_table(times: dict[bool, tuple[list[float], list[float]]], window: int) -> str:
     def p(values: list[float], q: float) -> float:
         ordered = sorted(values)
         return ordered[int(q * (len(ordered) - 1))] if ordered else 0.0
 
-    rows = [
-        f"| {name} | {len(v)} | {p(v, 0.5):.2f} | {p(v, 0.99):.2f} |"
-        for name, v in (("a compaction event (the cut moved)", events), ("no event", quiet))
-    ]
+    rows = []
+    for i, name in enumerate(("a compaction event (the cut moved)", "no event")):
+        before, after = times[False][i], times[True][i]
+        rows.append(
+            f"| {name} | {len(after)} | {p(before, 0.5):.2f} → {p(after, 0.5):.2f} | "
+            f"{p(before, 0.99):.2f} → {p(after, 0.99):.2f} |"
+        )
     return (
         "Count + plan per request of the eight transcripts replayed turn by turn "
-        f"({window // 1024}k window, warm counter, o200k):\n\n"
-        "| request | count | p50 ms | p99 ms |\n|---|---:|---:|---:|\n" + "\n".join(rows)
+        f"({window // 1024}k window, warm counter, o200k), before (the replay cache off) → "
+        "after:\n\n| request | count | p50 ms | p99 ms |\n|---|---:|---:|---:|\n" + "\n".join(rows)
     )

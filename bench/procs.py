@@ -59,16 +59,18 @@ def fake_upstream() -> Iterator[str]:
 
 
 @contextmanager
-def proxy(upstream_url: str, extra_env: dict[str, str] | None = None) -> Iterator[str]:
-    with proxy_process(upstream_url, extra_env) as (url, _):
+def proxy(
+    upstream_url: str, extra_env: dict[str, str] | None = None, *, replays: bool = True
+) -> Iterator[str]:
+    with proxy_process(upstream_url, extra_env, replays=replays) as (url, _):
         yield url
 
 
 @contextmanager
 def proxy_process(
-    upstream_url: str, extra_env: dict[str, str] | None = None
+    upstream_url: str, extra_env: dict[str, str] | None = None, *, replays: bool = True
 ) -> Iterator[tuple[str, int]]:
-    """A proxy process: (base URL, pid)."""
+    """A proxy process: (base URL, pid). `replays=False`: the replay cache off (`bench.variant`)."""
     port = free_port()
     argv = [
         sys.executable,
@@ -82,6 +84,8 @@ def proxy_process(
         "--log-level",
         "warning",
     ]
+    if not replays:
+        argv = [sys.executable, "-m", "bench.variant", str(port), upstream_url]
     env = {"INFLIGHT_DATABASE_URL": "sqlite:///:memory:", **(extra_env or {})}
     with process(argv, f"http://127.0.0.1:{port}/healthz", env=env) as proc:
         yield f"http://127.0.0.1:{port}/v1", proc.pid

@@ -12,6 +12,7 @@ from typing import Any
 
 from app.compaction.planner import MessageCounter, Plan, kept_sources, plan, render
 from app.compaction.policy import Budget, StrategyName
+from app.compaction.replays import Replays
 
 SUMMARY_PREFIX = "[Summary of the earlier conversation, written by inflight to fit the context]\n\n"
 
@@ -93,15 +94,19 @@ def compact(
     summary: str | None = None,
     summary_tokens: int = 0,
     planned: Plan | None = None,
+    replays: Replays | None = None,
 ) -> CompactionResult:
     """Compact `messages` for `budget`. Unchanged messages are the same objects.
 
     Without a `summary` text, `summarize` in the pipeline acts as `trim` (the pure fallback).
-    `planned` reuses a plan already computed for exactly these arguments.
+    `planned` reuses a plan already computed for exactly these arguments; `replays` remembers
+    replays by history prefix (the plan is the same with or without).
     """
     if summary is None:
         pipeline = tuple("trim" if s == "summarize" else s for s in pipeline)
-    the_plan = planned or plan(messages, pipeline, budget, count, fixed_tokens, summary_tokens)
+    the_plan = planned or plan(
+        messages, pipeline, budget, count, fixed_tokens, summary_tokens, replays=replays
+    )
     if not the_plan.changed:
         return CompactionResult(
             list(messages),

@@ -27,6 +27,16 @@ class MiddleOut:
         self._centre = NONE  # a candidate, with `_before` candidates before it
         self._before = 0
 
+    def resized(self, size: int) -> MiddleOut:
+        """A copy for `size` units: new ones are not candidates yet, and those cut off must
+        not be."""
+        copy = MiddleOut(0)
+        copy._prev = self._prev[:size] + [NONE] * (size - len(self._prev))
+        copy._next = self._next[:size] + [NONE] * (size - len(self._next))
+        copy._last, copy._count = self._last, self._count
+        copy._centre, copy._before = self._centre, self._before
+        return copy
+
     def add(self, unit: int) -> None:
         """Make `unit` (after every unit added so far) a candidate."""
         self._prev[unit] = self._last

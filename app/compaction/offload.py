@@ -7,6 +7,8 @@ import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
+import orjson
+
 from app.compaction.engine import CompactionResult
 from app.compaction.planner import Plan
 
@@ -36,6 +38,11 @@ def is_large(messages: Sequence[Mapping[str, Any]]) -> bool:
     requests: many messages, or much text."""
     if len(messages) > OFFLOAD_MESSAGES:
         return True
+    try:  # the JSON is never shorter than the text in it: one C call settles most requests
+        if len(orjson.dumps(list(messages))) <= OFFLOAD_CHARS:
+            return False
+    except TypeError:
+        pass
     return sum(_chars(m) for m in messages if isinstance(m, Mapping)) > OFFLOAD_CHARS
 
 

@@ -21,12 +21,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from app.compaction.middle_out import MiddleOut
 from app.compaction.policy import Budget, StrategyName
 from app.compaction.prune import MIN_SAVING_SHARE, PROTECT_SHARE, prune_unit
+from app.compaction.replays import Recall, Replays
 from app.compaction.sums import RunningSums
 from app.compaction.trim import advance_cut
 from app.compaction.truncate import cap_chars, truncate_unit
@@ -90,38 +91,44 @@ def _transform(
 
 @dataclass(slots=True)
 class _Costs:
-    """Unit rendering and token cost under each transform, memoised."""
+    """The token cost of each unit under each transform, memoised."""
 
     messages: Sequence[Mapping[str, Any]]
     units: Sequence[Unit]
     count: MessageCounter
     cap: int
-    _memo: dict[tuple[int, int, bool], tuple[list[Mapping[str, Any]], int]] = field(
-        default_factory=dict
-    )
+    memo: dict[tuple[int, int, bool], int] = field(default_factory=dict)
 
-    def render(self, i: int, truncated: int, pruned: bool) -> tuple[list[Mapping[str, Any]], int]:
-        """Unit i and its cost; `truncated` is 0 (no), 1 (tool outputs) or 2 (deep)."""
+    def render(self, i: int, truncated: int, pruned: bool) -> int:
+        """Unit i's cost; `truncated` is 0 (no), 1 (tool outputs) or 2 (deep)."""
         key = (i, truncated, pruned)
-        found = self._memo.get(key)
+        found = self.memo.get(key)
         if found is not None:
             return found
         unit = self.units[i]
         chunk = list(self.messages[unit.start : unit.end])
         out = _transform(chunk, unit.kind, self.cap, truncated, pruned)
         if truncated and all(a is b for a, b in zip(out, chunk, strict=True)):
-            result = self.render(i, 0, pruned)  # nothing to cut: as is
-            self._memo[key] = result
-            return result
-        result = (out, self.count(out[0]) if len(out) == 1 else sum(map(self.count, out)))
-        self._memo[key] = result
-        return result
+            cost = self.render(i, 0, pruned)  # nothing to cut: as is
+        else:
+            cost = self.count(out[0]) if len(out) == 1 else sum(map(self.count, out))
+        self.memo[key] = cost
+        return cost
+
+    def detached(self) -> _Costs:
+        """A copy of the costs known so far, holding no message (what a remembered replay
+        keeps)."""
+        return _Costs((), (), _uncounted, self.cap, dict(self.memo))
 
     def has_giant_output(self, i: int) -> bool:
         """Whether truncating unit i's tool outputs changes it and makes it cheaper."""
         if self.units[i].kind == "message":
             return False  # a user, assistant or system message: tool outputs are what is cut
-        return self.render(i, 1, False)[1] < self.render(i, 0, False)[1]
+        return self.render(i, 1, False) < self.render(i, 0, False)
+
+
+def _uncounted(message: Mapping[str, Any]) -> int:
+    raise RuntimeError("a remembered replay counts nothing: it is resumed with a count")
 
 
 @dataclass(slots=True)
@@ -153,6 +160,52 @@ class _Replay:
     pinned_total: int = 0  # the part of it that pinned instructions cost
     saving_total: int = 0  # what pruning every unit not pruned yet would save (when pruning)
     priced: int = 0  # units before this have their savings up to date (when pruning)
+    replayed: int = 0  # the prefix replayed so far, in units
+    before: int = 0  # its tokens as received
+
+    def _copy(self, shape: UnitRoles, costs: _Costs) -> _Replay:
+        """This state for `shape`'s units (those replayed are the same), priced by `costs`;
+        nothing in it is shared with this one."""
+        n = len(shape.units)
+        return replace(
+            self,
+            shape=shape,
+            costs=costs,
+            costs_now=self.costs_now[:n] + [0] * (n - len(self.costs_now)),
+            sums=None if self.sums is None else self.sums.resized(n),
+            savings=None if self.savings is None else self.savings.resized(n),
+            middle=None if self.middle is None else self.middle.resized(n),
+            dropped=set(self.dropped),
+            truncated=set(self.truncated),
+            deep=set(self.deep),
+            events=list(self.events),
+        )
+
+    def saved(self) -> _Replay:
+        """The state now, for the prefix replayed alone and holding no message: what a
+        replay cache keeps."""
+        return self._copy(self.shape.prefix(self.replayed), self.costs.detached())
+
+    def resumed(self, shape: UnitRoles, costs: _Costs) -> _Replay:
+        """A saved state, to go on with for a longer history (`shape`: its units, the first
+        ones those replayed) priced by `costs`."""
+        costs.memo.update(self.costs.memo)
+        return self._copy(shape, costs)
+
+    def replay(self, trigger: int, keep: bool) -> _Replay | None:
+        """Replay the units not replayed yet, one at a time, with an event whenever the prefix
+        so far crosses the trigger. `keep`: return the state before the last unit (a later
+        request resumes there: its last unit may have grown, a call with more answers)."""
+        n, kept = len(self.shape.units), None
+        for k in range(self.replayed + 1, n + 1):
+            if keep and k == n:
+                self.replayed = n - 1
+                kept = self.saved()
+            self.before += self.add(k - 1)
+            if self.pipeline and self.total(k) > trigger:
+                self.event(k)
+        self.replayed = n
+        return kept
 
     @property
     def summarizing(self) -> bool:
@@ -169,7 +222,7 @@ class _Replay:
         kept = self._kept(i)
         level = _truncation_level(i, self.truncated, self.deep)
         pruned = i < self.pruned_before
-        cost = self.costs.render(i, level, pruned)[1] if kept else 0
+        cost = self.costs.render(i, level, pruned) if kept else 0
         self.kept_total += cost - self.costs_now[i]
         self.costs_now[i] = cost
         if self.sums is not None:
@@ -185,7 +238,7 @@ class _Replay:
             return
         saving = 0
         if self._kept(i) and i >= self.pruned_before and self.shape.units[i].kind in TOOL_KINDS:
-            saving = self.cost(i) - self.costs.render(i, level, True)[1]
+            saving = self.cost(i) - self.costs.render(i, level, True)
         self.saving_total += saving - self.savings[i]
         self.savings.set(i, saving)
 
@@ -263,7 +316,7 @@ class _Replay:
         for i in tail:
             if i in self.dropped or i in self.deep:
                 continue
-            if self.costs.render(i, 2, False)[1] < self.costs.render(i, 1, False)[1]:
+            if self.costs.render(i, 2, False) < self.costs.render(i, 1, False):
                 self.truncated.add(i)
                 self.deep.add(i)
                 self.refresh(i)
@@ -347,7 +400,7 @@ class _Replay:
             return ()
         return (unit, partner)
 
-    def result(self, tokens_before: int) -> Plan:
+    def result(self) -> Plan:
         n = len(self.shape.units)
         return Plan(
             units=self.shape.units,
@@ -359,7 +412,7 @@ class _Replay:
             cap=self.costs.cap,
             events=tuple(self.events),
             summarize=self.summarizing and self.cut > self.shape.head,
-            tokens_before=tokens_before,
+            tokens_before=self.before,
             tokens_after=self.total(n),
             strict=self.shape.strict(n),
             deep=frozenset(self.deep),
@@ -373,7 +426,7 @@ def _quiet(shape: UnitRoles, costs: _Costs, head_cost: int, trigger: int) -> Pla
     every unit costs >= 0, so no shorter prefix crosses the trigger either, and the replay
     would end where it starts (nothing cut, dropped, truncated or pruned). None otherwise."""
     n, head = len(shape.units), shape.head
-    total = head_cost + sum(costs.render(i, 0, False)[1] for i in range(head, n))
+    total = head_cost + sum(costs.render(i, 0, False) for i in range(head, n))
     if total > trigger:
         return None
     return Plan(
@@ -393,6 +446,11 @@ def _quiet(shape: UnitRoles, costs: _Costs, head_cost: int, trigger: int) -> Pla
     )
 
 
+# The arguments of `plan()` that are not part of a remembered replay's key: every other one is
+# (whatever its name), so that a new input cannot be left out of it.
+UNKEYED = frozenset({"messages", "count", "replays"})
+
+
 def plan(
     messages: Sequence[Mapping[str, Any]],
     pipeline: tuple[StrategyName, ...],
@@ -400,38 +458,48 @@ def plan(
     count: MessageCounter,
     fixed_tokens: int,
     summary_tokens: int = 0,
+    *,
+    replays: Replays | None = None,
 ) -> Plan:
-    """Replay the history unit by unit and return the plan for the whole list."""
-    shape = UnitRoles.of(messages)
+    """Replay the history unit by unit and return the plan for the whole list. With `replays`,
+    the replay resumes from the longest history prefix remembered for the same inputs (the
+    plan is exactly the one a replay from the first message gives), and is remembered."""
+    inputs = tuple(sorted((k, v) for k, v in locals().items() if k not in UNKEYED))
+    recall = Recall.of(replays, inputs, messages)
+    saved: _Replay | None = recall.found.state if recall and recall.found else None
+    extended = saved.shape.extended(messages) if saved is not None else None
+    shape = extended or UnitRoles.of(messages)
     n, head = len(shape.units), shape.head
     costs = _Costs(messages, shape.units, count, cap_chars(budget.budget))
-    head_cost = fixed_tokens + sum(costs.render(i, 0, False)[1] for i in range(head))
-    quiet = _quiet(shape, costs, head_cost, budget.trigger)
-    if quiet is not None:
-        return quiet
-    replay = _Replay(
-        shape=shape,
-        costs=costs,
-        pipeline=pipeline,
-        budget=budget,
-        head_cost=head_cost,
-        summary_tokens=summary_tokens,
-        costs_now=[0] * n,
-        sums=RunningSums(n) if "prune" in pipeline else None,
-        savings=RunningSums(n) if "prune" in pipeline else None,
-        middle=MiddleOut(n) if "middle-out" in pipeline else None,
-        cut=head,
-        pruned_before=head,
-        scanned=head,
-        goal=budget.goal,
-    )
-    before = head_cost
-    trigger = budget.trigger
-    for k in range(head + 1, n + 1):
-        before += replay.add(k - 1)
-        if pipeline and replay.total(k) > trigger:
-            replay.event(k)
-    return replay.result(before)
+    if saved is not None and extended is not None:
+        replay = saved.resumed(extended, costs)
+    else:
+        head_cost = fixed_tokens + sum(costs.render(i, 0, False) for i in range(head))
+        quiet = None if recall is not None else _quiet(shape, costs, head_cost, budget.trigger)
+        if quiet is not None:
+            return quiet
+        replay = _Replay(
+            shape=shape,
+            costs=costs,
+            pipeline=pipeline,
+            budget=budget,
+            head_cost=head_cost,
+            summary_tokens=summary_tokens,
+            costs_now=[0] * n,
+            sums=RunningSums(n) if "prune" in pipeline else None,
+            savings=RunningSums(n) if "prune" in pipeline else None,
+            middle=MiddleOut(n) if "middle-out" in pipeline else None,
+            cut=head,
+            pruned_before=head,
+            scanned=head,
+            goal=budget.goal,
+            replayed=head,
+            before=head_cost,
+        )
+    kept = replay.replay(budget.trigger, recall is not None)
+    if recall is not None and kept is not None:
+        recall.remember(kept, messages, shape.units[-1].start)
+    return replay.result()
 
 
 def _shown(messages: Sequence[Mapping[str, Any]], plan: Plan, i: int) -> list[Mapping[str, Any]]:

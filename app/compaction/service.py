@@ -34,6 +34,7 @@ from app.compaction.policy import (
     parse_strategy,
     resolve_pipeline,
 )
+from app.compaction.replays import ReplayCache, Replays
 from app.compaction.report import Preview, report_headers
 from app.compaction.summary.prompt import Completer, SummaryFailed, SummaryUsage
 from app.compaction.summary.rolling import Summaries, SummaryJob, summary_budget
@@ -103,6 +104,7 @@ class CompactionService:
         self._completer_for = completer_for
         self._default_strategies = parse_strategy(settings.strategy, "INFLIGHT_STRATEGY")
         self._ledger = ledger if ledger is not None else settings.ledger
+        self._replays: ReplayCache[Any] | None = ReplayCache()  # plans resume from a prefix
 
     async def plan(
         self,
@@ -214,12 +216,16 @@ class CompactionService:
         """Run the pipeline; `summarize` asks the upstream, and falls back to `trim`."""
         messages = job.conversation.messages
         fixed = await offload(messages, job.count_fixed)
-        compaction = partial(compact, messages, pipeline, budget, job.count, fixed)
+        replays = None
+        if self._replays is not None:
+            replays = Replays(self._replays, partial(self._counter.counting, job.model))
+        compaction = partial(compact, messages, pipeline, budget, job.count, fixed, replays=replays)
         if "summarize" not in pipeline or self._summaries is None or self._completer_for is None:
             return job.rendered(await offload(messages, compaction))
         reserved = summary_budget(budget.goal)
         the_plan = await offload(
-            messages, partial(plan, messages, pipeline, budget, job.count, fixed, reserved)
+            messages,
+            partial(plan, messages, pipeline, budget, job.count, fixed, reserved, replays=replays),
         )
         if not the_plan.summarize:
             planned = partial(compaction, summary="", summary_tokens=reserved, planned=the_plan)
@@ -257,6 +263,10 @@ class CompactionService:
             reason = count_fallback(job.complete, exc)  # counted in /stats and /metrics
             logger.warning("summary failed (%s) for %s, trim instead: %s", reason, model, why)
             return None, why
+
+    def forget_replays(self) -> None:
+        """Plan every request from its first message (the benchmark's "before")."""
+        self._replays = None
 
     def _strategies(self, controls: Controls) -> tuple[StrategyName, ...] | None:
         if controls.strategies is not None:

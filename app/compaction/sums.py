@@ -23,6 +23,14 @@ class RunningSums:
         self._values = [0] * size
         self._blocks = [0] * ((size >> SHIFT) + 1)
 
+    def resized(self, size: int) -> RunningSums:
+        """A copy for `size` positions: new ones hold 0, and those cut off must hold 0."""
+        blocks = (size >> SHIFT) + 1
+        copy = RunningSums(0)
+        copy._values = self._values[:size] + [0] * (size - len(self._values))
+        copy._blocks = self._blocks[:blocks] + [0] * (blocks - len(self._blocks))
+        return copy
+
     def __getitem__(self, position: int) -> int:
         return self._values[position]
 

@@ -12,6 +12,7 @@ assistant take turns, starting with user.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -35,9 +36,10 @@ def _calls(message: Mapping[str, Any]) -> list[Any]:
     return calls if isinstance(calls, list) else []
 
 
-def group_units(messages: Sequence[Mapping[str, Any]]) -> list[Unit]:
+def group_units(messages: Sequence[Mapping[str, Any]], start: int = 0) -> list[Unit]:
+    """The units of `messages[start:]` (`start` must begin a unit), with list offsets."""
     units: list[Unit] = []
-    i, n = 0, len(messages)
+    i, n = start, len(messages)
     while i < n:
         message = messages[i]
         role = message.get("role")
@@ -112,8 +114,12 @@ def strict_prefix(messages: Sequence[Mapping[str, Any]]) -> int:
     """How many leading messages follow the strict rule (DESIGN.md §4.6): one optional leading
     system message, then — ignoring tool results and assistant calls — user and assistant
     alternating, starting with user. Once broken, no longer prefix follows it."""
-    start = 1 if messages and messages[0].get("role") == "system" else 0
-    expected = "user"
+    return _strict_from(messages, 1 if messages and messages[0].get("role") == "system" else 0)
+
+
+def _strict_from(messages: Sequence[Mapping[str, Any]], start: int, expected: Any = "user") -> int:
+    """`strict_prefix` for messages that follow the rule up to `start`, where `expected` speaks
+    next."""
     for i in range(start, len(messages)):
         role = spoken_role(messages[i])
         if role is None:
@@ -132,6 +138,26 @@ def is_strict_alternation(messages: Sequence[Mapping[str, Any]]) -> bool:
     )
 
 
+def _next_turns(turns: Sequence[Any], start: int) -> list[int]:
+    """For each unit from `start` on (and one past the end), the first unit at or after it
+    that takes a turn (`len(turns)`: none)."""
+    n = len(turns)
+    out = [n] * (n - start + 1)
+    for i in range(n - 1, start - 1, -1):
+        out[i - start] = i if turns[i] is not None else out[i - start + 1]
+    return out
+
+
+def _last_turns(turns: Sequence[Any], before: Any) -> list[Any]:
+    """After each of `turns`, the role of the last unit so far that took a turn (`before`:
+    the one before them)."""
+    out: list[Any] = []
+    for turn in turns:
+        before = turn if turn is not None else before
+        out.append(before)
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class UnitRoles:
     """The roles of a message list's units that compaction must respect, found once."""
@@ -144,6 +170,7 @@ class UnitRoles:
     pinned: frozenset[int]
     strict_units: int  # how many leading units follow the strict rule
     head_user: bool  # the head ends with the first user message
+    strict_end: int = 0  # how many leading messages follow the strict rule
 
     @classmethod
     def of(cls, messages: Sequence[Mapping[str, Any]]) -> UnitRoles:
@@ -151,22 +178,66 @@ class UnitRoles:
         head = pinned_head(messages, units)
         roles = [spoken_role(messages[u.start]) for u in units]
         turns = tuple(r if r in TURNS else None for r in roles)
-        next_turn = [len(units)] * (len(units) + 1)
-        for i in range(len(units) - 1, -1, -1):
-            next_turn[i] = i if turns[i] is not None else next_turn[i + 1]
-        last_turn: list[Any] = [None]
-        for turn in turns:
-            last_turn.append(turn if turn is not None else last_turn[-1])
         strict_end = strict_prefix(messages)
         return cls(
             units=units,
             head=head,
             turns=turns,
-            next_turn=tuple(next_turn),
-            last_turn=tuple(last_turn),
+            next_turn=tuple(_next_turns(turns, 0)),
+            last_turn=(None, *_last_turns(turns, None)),
             pinned=frozenset(i for i in range(head, len(units)) if roles[i] in HEAD_ROLES),
             strict_units=sum(1 for u in units if u.end <= strict_end),
             head_user=head > 0 and roles[head - 1] == "user",
+            strict_end=strict_end,
+        )
+
+    def prefix(self, k: int) -> UnitRoles:
+        """The roles of the first k units' messages (k at least the head)."""
+        end = self.units[k - 1].end if k else 0
+        found = bisect_left(self.next_turn, k, 0, k)  # from here on: no turn before k
+        return UnitRoles(
+            units=self.units[:k],
+            head=self.head,
+            turns=self.turns[:k],
+            next_turn=self.next_turn[:found] + (k,) * (k + 1 - found),
+            last_turn=self.last_turn[: k + 1],
+            pinned=frozenset(i for i in self.pinned if i < k),
+            strict_units=min(self.strict_units, k),
+            head_user=self.head_user,
+            strict_end=min(self.strict_end, end),
+        )
+
+    def extended(self, messages: Sequence[Mapping[str, Any]]) -> UnitRoles | None:
+        """`of(messages)` for a list whose leading messages are those these roles were found
+        for, grouping only the rest. None when that cannot be exact: the last unit grows with
+        the new messages (a tool result joins its call), or the head may still move (no user
+        message yet)."""
+        if not self.units or not self.head_user:
+            return None
+        last = self.units[-1]
+        tail = group_units(messages, last.start)
+        if tail[0] != last:
+            return None
+        k, end = len(self.units), last.end
+        roles = [spoken_role(messages[u.start]) for u in tail[1:]]
+        turns = self.turns + tuple(r if r in TURNS else None for r in roles)
+        added = _next_turns(turns, k)  # from unit k on: the first turn at or after it
+        kept = bisect_left(self.next_turn, k, 0, k)  # before: those that found no turn yet
+        strict_end, strict_units = self.strict_end, self.strict_units
+        if strict_end >= end:  # the strict rule held to the end: it goes on from there
+            expected = "assistant" if self.last_turn[k] == "user" else "user"
+            strict_end = _strict_from(messages, end, expected)
+            strict_units = k + sum(1 for u in tail[1:] if u.end <= strict_end)
+        return UnitRoles(
+            units=self.units + tuple(tail[1:]),
+            head=self.head,
+            turns=turns,
+            next_turn=self.next_turn[:kept] + (added[0],) * (k - kept) + tuple(added),
+            last_turn=self.last_turn + tuple(_last_turns(turns[k:], self.last_turn[k])),
+            pinned=self.pinned.union(k + i for i, r in enumerate(roles) if r in HEAD_ROLES),
+            strict_units=strict_units,
+            head_user=True,
+            strict_end=strict_end,
         )
 
     def strict(self, k: int) -> bool:

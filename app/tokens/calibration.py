@@ -305,11 +305,18 @@ class Calibration:
         self._max_models = max_models
         self._history: dict[str, deque[Observation]] = {}
         self._applied: dict[str, Correction] = {}
+        self._changes = 0  # how many times a correction in use changed
         self._lock = threading.Lock()
 
     def correction(self, model: str) -> Correction:
         with self._lock:
             return self._applied.get(model, NEUTRAL)
+
+    def state(self, model: str) -> tuple[Correction, int]:
+        """The correction in use and how many times any changed so far: equal states mean
+        nothing was recalibrated in between (what a remembered plan is keyed by)."""
+        with self._lock:
+            return self._applied.get(model, NEUTRAL), self._changes
 
     def corrections(self) -> dict[str, Correction]:
         with self._lock:
@@ -335,3 +342,4 @@ class Calibration:
                 self._applied[model] = reaching(fitted, obs, bounds)
             elif moved(applied, fitted, history):
                 self._applied[model] = fitted
+            self._changes += self._applied.get(model, NEUTRAL) != applied

@@ -20,7 +20,7 @@ import math
 import struct
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -128,6 +128,8 @@ class TokenCounter(Protocol):
 
     def calibration_factors(self) -> dict[str, float]: ...
 
+    def counting(self, model: str) -> Hashable: ...
+
 
 def _strings(value: Any) -> Iterator[str]:
     """Every string inside a JSON value (keys of objects and scalars included)."""
@@ -167,6 +169,8 @@ class _Prefix:
     text: bytes
     ends: tuple[int, ...]  # ends[i]: the offset just after message i's JSON in `text`
     raw: tuple[int, ...]
+    fix: Correction | None = None  # the correction `counted` holds the raw counts under
+    counted: tuple[int, ...] = ()
 
     def shared(self, scope: str, text: bytes) -> int:
         """How many leading messages `text` (a request's messages as one JSON text) has
@@ -369,26 +373,43 @@ class ChatTokenCounter:
         """`raw_message` of each message. The leading messages byte-identical (as orjson
         writes them) to the last request of the same conversation take its counts: one
         serialisation of the whole list and a few prefix comparisons, not a key per message."""
+        return self._counts(encoding, messages, model, None)
+
+    def _counts(
+        self,
+        encoding: str | None,
+        messages: Sequence[Mapping[str, Any]],
+        model: str,
+        fix: Correction | None,
+    ) -> list[int]:
+        """Raw counts (`fix` None) or counts calibrated with `fix`, taking those of the leading
+        messages the conversation's last request had (calibrated too when `fix` is the same)."""
         listed = list(messages)
-        try:
-            text = orjson.dumps(listed) if all(type(m) is dict for m in listed) else b""
+        try:  # dict subclasses and other mappings are not serialised: counted one by one
+            text = orjson.dumps(listed, option=orjson.OPT_PASSTHROUGH_SUBCLASS)
         except TypeError:
             text = b""
         if not text:
-            return [self.raw_message(encoding, m, model) for m in listed]
+            raw = [self.raw_message(encoding, m, model) for m in listed]
+            return raw if fix is None else [_whole(fix.content * r + fix.per_message) for r in raw]
         scope = f"{encoding or '~'}|{bare_model(model)}"
         with self._lock:
             known, shared = self._prefixes.longest(scope, text)
-        ends = list(known.ends[:shared]) if known is not None else []
-        raw = list(known.raw[:shared]) if known is not None else []
+        entry = _Prefix(scope, text, (), ()) if known is None else known
+        ends, raw = list(entry.ends[:shared]), list(entry.raw[:shared])
         for message in listed[shared:]:
             ends.append((ends[-1] if ends else 0) + 1 + len(orjson.dumps(message)))
             raw.append(self.raw_message(encoding, message, model))
-        if shared < len(listed):
+        reused = shared if fix is not None and fix == entry.fix else 0
+        counted = list(entry.counted[:reused]) if fix is not None else []
+        if fix is not None:
+            counted += [_whole(fix.content * r + fix.per_message) for r in raw[reused:]]
+        if shared < len(listed) or reused < shared:
             extended = known if known is not None and shared == len(known.ends) else None
+            new = _Prefix(scope, text, tuple(ends), tuple(raw), fix, tuple(counted))
             with self._lock:
-                self._prefixes.replace(extended, _Prefix(scope, text, tuple(ends), tuple(raw)))
-        return raw
+                self._prefixes.replace(extended, new)
+        return raw if fix is None else counted
 
     def raw_fixed(self, encoding: str | None, body: Mapping[str, Any]) -> int:
         """Uncalibrated tokens of the prompt that are not messages."""
@@ -430,9 +451,7 @@ class ChatTokenCounter:
 
     def count_messages(self, model: str, messages: Sequence[Mapping[str, Any]]) -> list[int]:
         """`count_message` of each message, counting only what the conversation added."""
-        raw = self.raw_messages(self.encoding_name(model), messages, model)
-        fix = self._correction(model)
-        return [_whole(fix.content * r + fix.per_message) for r in raw]
+        return self._counts(self.encoding_name(model), messages, model, self._correction(model))
 
     def count_fixed(self, model: str, body: Mapping[str, Any]) -> int:
         """The prompt outside the messages, with the template's cost per request."""
@@ -473,6 +492,11 @@ class ChatTokenCounter:
         )
         bounds = EXACT_BOUNDS if self.is_exact(model) else HEURISTIC_BOUNDS
         self._calibration.observe(model, observation, bounds, overflowed=overflowed)
+
+    def counting(self, model: str) -> Hashable:
+        """What `model`'s counts depend on besides the message: the encoding and the
+        calibration state (a remembered plan is keyed by it, app/compaction/replays.py)."""
+        return (model, self.encoding_name(model), *self._calibration.state(model))
 
     def calibration_factors(self) -> dict[str, float]:
         """The per-model factor on content learned so far (for /stats and /metrics)."""

@@ -1,0 +1,142 @@
+"""Replays remembered by history prefix, so that request n+1 replays only the units it adds.
+
+The plan is a pure function of the message sequence, found by replaying the history unit by
+unit (DESIGN.md §4.7), and the replay's state after a prefix depends on that prefix and on the
+plan's other inputs alone. So the state at the end of one request's replay is the state at that
+prefix for any later request that starts with the same messages and has the same inputs: that
+request resumes it, replays only its new units, and gets exactly the plan of a replay from the
+first message (tests/test_replay_cache.py checks it on random growing conversations).
+
+An entry is keyed by every input of `plan()` but the messages and the count function, plus
+what the count function depends on besides the message (`Replays.counting`: the counter's
+model, encoding and calibration state, read before and after planning — a replay that saw it
+change is not kept). It is matched on the messages' JSON: a request's JSON starts with an
+entry's byte for byte exactly when its leading messages are the entry's (each is an object,
+which ends at its own closing brace). Bounded in entries and bytes, the least recently used
+first out; thread-safe (large plans run in worker threads).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import orjson
+
+ENTRIES = 64  # conversations (and plan inputs) whose last replay is remembered
+MAX_BYTES = 64 * 1024 * 1024  # their JSON and state, in all
+STATE_BYTES_PER_UNIT = 256  # what an entry's replay state holds per unit, roughly
+
+S = TypeVar("S")
+
+
+def json_text(messages: Sequence[Mapping[str, Any]]) -> bytes | None:
+    """The messages as one JSON text (how entries are matched), or None when they are not
+    plain JSON objects (such a plan is not remembered)."""
+    try:  # dict subclasses and other mappings are not serialised
+        return orjson.dumps(list(messages), option=orjson.OPT_PASSTHROUGH_SUBCLASS)
+    except TypeError:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Saved(Generic[S]):
+    """The replay state after the messages whose JSON `text` is (the list's text without its
+    closing bracket), for the plan inputs `key`."""
+
+    key: Hashable
+    text: bytes
+    state: S
+    size: int  # what it holds, counted against the cache's bound in bytes
+
+
+class ReplayCache(Generic[S]):
+    """The last replay of a few conversations, each under its plan inputs."""
+
+    def __init__(self, entries: int = ENTRIES, max_bytes: int = MAX_BYTES) -> None:
+        if entries < 1 or max_bytes < 1:
+            raise ValueError("a replay cache needs room for at least one entry")
+        self._entries: OrderedDict[int, Saved[S]] = OrderedDict()
+        self._limit = entries
+        self._max_bytes = max_bytes
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def size(self) -> int:
+        """Bytes held (JSON and an estimate of the state)."""
+        return self._bytes
+
+    def find(self, key: Hashable, text: bytes) -> Saved[S] | None:
+        """The entry for `key` whose messages are the longest prefix of those of `text`."""
+        with self._lock:
+            best: Saved[S] | None = None
+            for entry in self._entries.values():
+                if entry.key != key or (best is not None and len(entry.text) <= len(best.text)):
+                    continue
+                if len(entry.text) < len(text) and text.startswith(entry.text):
+                    best = entry
+            if best is not None:
+                self._entries.move_to_end(id(best))
+            return best
+
+    def store(self, entry: Saved[S], replacing: Saved[S] | None = None) -> None:
+        """Remember `entry`, in place of `replacing` (the entry it extends: a conversation
+        keeps one entry per plan inputs); the least recently used go past the bounds."""
+        with self._lock:
+            if replacing is not None and self._entries.pop(id(replacing), None) is not None:
+                self._bytes -= replacing.size
+            self._entries[id(entry)] = entry
+            self._bytes += entry.size
+            while self._entries and (
+                len(self._entries) > self._limit or self._bytes > self._max_bytes
+            ):
+                _, dropped = self._entries.popitem(last=False)
+                self._bytes -= dropped.size
+
+
+@dataclass(frozen=True, slots=True)
+class Replays:
+    """What `plan()` needs to remember replays: the cache, and what its count function answers
+    with besides the message (the counter's model, encoding and calibration state)."""
+
+    cache: ReplayCache[Any]
+    counting: Callable[[], Hashable]
+
+
+@dataclass(slots=True)
+class Recall:
+    """One plan's use of the cache: the key and JSON of its messages, and the entry found."""
+
+    replays: Replays
+    key: Hashable
+    counting: Hashable
+    text: bytes
+    found: Saved[Any] | None
+
+    @classmethod
+    def of(
+        cls, replays: Replays | None, inputs: Hashable, messages: Sequence[Mapping[str, Any]]
+    ) -> Recall | None:
+        """What the cache holds for these inputs and messages (None: not cacheable)."""
+        text = json_text(messages) if replays is not None else None
+        if replays is None or text is None:
+            return None
+        counting = replays.counting()
+        key = (inputs, counting)
+        return cls(replays, key, counting, text, replays.cache.find(key, text))
+
+    def remember(self, state: Any, messages: Sequence[Mapping[str, Any]], end: int) -> None:
+        """Keep `state` (no longer changed by anyone) as the replay of `messages[:end]`, unless
+        the count function's state moved while planning."""
+        if self.replays.counting() != self.counting:
+            return
+        text = self.text[: len(self.text) - len(orjson.dumps(list(messages[end:])))]
+        size = len(text) + STATE_BYTES_PER_UNIT * end
+        self.replays.cache.store(Saved(self.key, text, state, size), self.found)

@@ -1,0 +1,200 @@
+"""The replay cache (app/compaction/replays.py): a plan resumed from a remembered history prefix
+is exactly the plan replayed from the first message — for growing conversations, across
+calibration changes and evictions — and a growing conversation replays only what it adds."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from itertools import pairwise
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from app.compaction.planner import plan
+from app.compaction.policy import Budget, StrategyName
+from app.compaction.replays import ReplayCache, Replays
+from app.compaction.summary.rolling import summary_budget
+from app.compaction.units import UnitRoles
+from app.tokens.counter import ChatTokenCounter, count_within
+from app.tokens.encodings import load_encodings
+from tests.conversations import conversations, simple_count
+
+PIPELINES: list[tuple[StrategyName, ...]] = [
+    ("truncate",),
+    ("prune",),
+    ("trim",),
+    ("middle-out",),
+    ("summarize",),
+    ("truncate", "prune", "trim"),
+    ("truncate", "prune", "summarize"),
+    ("truncate", "middle-out"),
+]
+GROWING = settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+        HealthCheck.large_base_example,
+    ],
+)
+
+
+class Calibrated:
+    """A count function with a calibration state, as the real counter has: a factor on
+    content and tokens per message, which the test moves between requests."""
+
+    def __init__(self) -> None:
+        self.factor, self.per_message = 1.0, 0
+
+    def count(self, message: Mapping[str, Any]) -> int:
+        return int(self.factor * simple_count(message)) + self.per_message
+
+    def state(self) -> tuple[float, int]:
+        return self.factor, self.per_message
+
+
+def _budget(window: int) -> Budget:
+    return Budget(window=window, reserve=window // 8, threshold=0.8, target=0.5)
+
+
+@given(
+    conversations(),
+    conversations(),
+    st.sampled_from(PIPELINES),
+    st.sampled_from([2048, 4096, 8192]),
+    st.sampled_from([1, 2, 64]),
+    st.data(),
+)
+@GROWING
+def test_a_plan_resumed_from_the_cache_is_the_plan_from_scratch(
+    first: list[dict[str, Any]],
+    second: list[dict[str, Any]],
+    pipeline: tuple[StrategyName, ...],
+    window: int,
+    entries: int,
+    data: st.DataObject,
+) -> None:
+    """Two conversations grow side by side, a message or a few at a time (so a request may end
+    in a call whose answers come with the next one); between requests the calibration may
+    move, and with one or two entries the cache evicts. Every request's plan is the plan
+    computed from scratch."""
+    counter = Calibrated()
+    replays = Replays(ReplayCache(entries=entries), counter.state)
+    budget = _budget(window)
+    summary_tokens = summary_budget(budget.goal) if "summarize" in pipeline else 0
+    fixed = data.draw(st.integers(0, 300))
+    lengths = [0, 0]
+    while lengths[0] < len(first) or lengths[1] < len(second):
+        which = data.draw(st.integers(0, 1))
+        messages = (first, second)[which]
+        if lengths[which] >= len(messages):
+            continue
+        lengths[which] = min(len(messages), lengths[which] + data.draw(st.integers(1, 3)))
+        if data.draw(st.integers(0, 4)) == 0:  # a recalibration
+            counter.factor = data.draw(st.sampled_from([0.5, 0.9, 1.0, 1.3, 2.0]))
+            counter.per_message = data.draw(st.integers(0, 4))
+        request = copy.deepcopy(messages[: lengths[which]])  # a new request's own objects
+        got = plan(request, pipeline, budget, counter.count, fixed, summary_tokens, replays=replays)
+        assert got == plan(request, pipeline, budget, counter.count, fixed, summary_tokens)
+
+
+@given(conversations(), st.data())
+@settings(max_examples=200, deadline=None)
+def test_roles_of_a_prefix_extended_are_the_roles_of_the_whole(
+    messages: list[dict[str, Any]], data: st.DataObject
+) -> None:
+    whole = UnitRoles.of(messages)
+    k = data.draw(st.integers(whole.head, len(whole.units)))
+    prefix = whole.prefix(k)
+    assert prefix == UnitRoles.of(messages[: whole.units[k - 1].end if k else 0])
+    extended = prefix.extended(messages)
+    assert extended is None or extended == whole
+    if k and whole.head_user:  # None only when the prefix's last unit grew
+        assert extended == whole or whole.units[k - 1] != prefix.units[k - 1]
+
+
+def _agent(rounds: int) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are an agent."},
+        {"role": "user", "content": "Fix the bug."},
+    ]
+    for i in range(rounds):
+        call = {"id": f"c{i}", "type": "function", "function": {"name": "bash", "arguments": "{}"}}
+        messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        messages.append({"role": "tool", "tool_call_id": f"c{i}", "content": f"out {i} " * 200})
+    return messages
+
+
+@pytest.mark.parametrize("window", [1_000_000, 8192])
+def test_a_growing_conversation_counts_only_what_it_adds(window: int) -> None:
+    """Request n+1 renders and counts only its new units and the one before them (whose
+    answers may have grown), under the threshold and over it; a compaction event (the cut
+    moves) prices what it may prune, still far from the whole history, and so does the request
+    after it (it resumes before the last unit, where the event happened)."""
+    messages = _agent(300)
+    counted: list[Mapping[str, Any]] = []
+
+    def count(message: Mapping[str, Any]) -> int:
+        counted.append(message)
+        return simple_count(message)
+
+    replays = Replays(ReplayCache(), lambda: None)
+    pipeline: tuple[StrategyName, ...] = ("truncate", "prune", "trim")
+    plan(copy.deepcopy(messages[:500]), pipeline, _budget(window), count, 0, replays=replays)
+    per_request, events = [], []
+    for end in range(502, 602, 2):
+        counted.clear()
+        request = copy.deepcopy(messages[:end])
+        got = plan(request, pipeline, _budget(window), count, 0, replays=replays)
+        per_request.append(len(counted))
+        events.append(got.events)
+        assert got == plan(request, pipeline, _budget(window), simple_count, 0)
+    moved = sum(a != b for a, b in pairwise(events))
+    assert sum(n > 4 for n in per_request) <= 2 * moved + 1, per_request
+    assert max(per_request) < 100, per_request
+
+
+def test_a_calibration_change_is_never_served_a_stale_replay() -> None:
+    """With the real counter: after the correction moves, the next plan is the one a fresh
+    replay gives with the new counts (the counter's state is part of the key)."""
+    counter = ChatTokenCounter(load_encodings())
+    model = "qwen2.5-coder"  # heuristic counting: calibrated by the upstream's counts
+    messages = _agent(120)
+    cache: ReplayCache[Any] = ReplayCache()
+    replays = Replays(cache, lambda: counter.counting(model))
+    budget = _budget(16_384)
+    pipeline: tuple[StrategyName, ...] = ("truncate", "prune", "trim")
+
+    def planned(request: list[dict[str, Any]], remembered: bool) -> Any:
+        memo: dict[int, int] = {}
+        count = lambda m: count_within(counter, model, request, memo, m)  # noqa: E731
+        return plan(request, pipeline, budget, count, 0, replays=replays if remembered else None)
+
+    first = planned(copy.deepcopy(messages[:200]), True)
+    sent = {"model": model, "messages": messages[:200]}
+    counter.observe(model, sent, int(first.tokens_before * 1.6), overflowed=True)
+    request = copy.deepcopy(messages[:202])
+    got = planned(request, True)
+    assert got == planned(copy.deepcopy(request), False)
+    assert got.tokens_before > first.tokens_before * 1.4  # the new calibration counted
+
+
+def test_the_cache_is_bounded_in_entries_and_bytes() -> None:
+    pipeline: tuple[StrategyName, ...] = ("trim",)
+    few = ReplayCache[Any](entries=3)
+    small = ReplayCache[Any](max_bytes=200_000)
+    for cache in (few, small):
+        replays = Replays(cache, lambda: None)
+        for i in range(10):
+            messages = _agent(40)
+            messages[1] = {"role": "user", "content": f"Task {i}."}  # ten conversations
+            plan(messages, pipeline, _budget(8192), simple_count, 0, replays=replays)
+    assert len(few) == 3
+    assert 0 < small.size <= 200_000
+    assert len(small) < 10
+    with pytest.raises(ValueError, match="at least one entry"):
+        ReplayCache[Any](entries=0)

@@ -53,6 +53,7 @@ def main() -> None:
                 targets[name] = stack.enter_context(proxy(upstream, env, replays=replays))
             print("## The hot path: inflight against a bare relay as conversations grow\n")
             print(hot_path.added_latency(targets, n=args.n) + "\n")
+            print(hot_path.http_clients(upstream) + "\n")
         print(hot_path.own_work() + "\n")
         print(hot_path.cold_counting() + "\n")
         print(hot_path.event_plan_times() + "\n")

@@ -278,3 +278,54 @@ def _event_table(times: dict[bool, tuple[list[float], list[float]]], window: int
         f"({window // 1024}k window, warm counter, o200k), before (the replay cache off) → "
         "after:\n\n| request | count | p50 ms | p99 ms |\n|---|---:|---:|---:|\n" + "\n".join(rows)
     )
+
+
+# -- the outbound HTTP client: httpx against httpx2 ------------------------------------------
+
+
+async def _client_round(module: Any, url: str, body: bytes, n: int, concurrency: int) -> float:
+    """Requests per second through one pooled AsyncClient of `module` (httpx or httpx2),
+    configured as app/proxy/upstream.py configures httpx, `concurrency` at a time."""
+    limits = module.Limits(max_connections=1000, max_keepalive_connections=200, keepalive_expiry=30)
+    async with module.AsyncClient(limits=limits, timeout=60, trust_env=False) as client:
+        for _ in range(20):  # warm the pool
+            (await client.post(url, content=body)).raise_for_status()
+        queue = iter(range(n))
+        start = time.perf_counter()
+
+        async def worker() -> None:
+            for _ in queue:
+                request = client.build_request("POST", url, content=body)
+                answer = await client.send(request, stream=True)
+                async for _chunk in answer.aiter_raw():
+                    pass
+                await answer.aclose()
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return n / (time.perf_counter() - start)
+
+
+def http_clients(upstream: str, n: int = 2000, rounds: int = 3) -> str:
+    """httpx against httpx2 (the successor the openai SDK depends on) as the relay's outbound
+    client, interleaved round by round against the fake upstream."""
+    import httpx2
+
+    body = orjson.dumps({"model": "bench", "messages": conversation(60, 75)})
+    url = upstream + "/chat/completions"
+    rows = []
+    for concurrency in (1, 64):
+        rates: dict[str, list[float]] = {"httpx": [], "httpx2": []}
+        for _ in range(rounds):
+            for name, module in (("httpx", httpx), ("httpx2", httpx2)):
+                count = n if concurrency > 1 else n // 4
+                rates[name].append(
+                    asyncio.run(_client_round(module, url, body, count, concurrency))
+                )
+        a, b = (statistics.median(rates[k]) for k in ("httpx", "httpx2"))
+        rows.append(f"| {concurrency} | {a:.0f} | {b:.0f} | {b / a:.2f}× |")
+    return (
+        f"The outbound client, requests/s against the fake upstream (60-message JSON body, the "
+        f"pool as app/proxy/upstream.py sets it; median of {rounds} interleaved rounds):\n\n"
+        "| concurrent requests | httpx 0.28 | httpx2 | httpx2 / httpx |\n|---:|---:|---:|---:|\n"
+        + "\n".join(rows)
+    )

@@ -88,3 +88,27 @@ def test_count_within_counts_copies_on_their_own() -> None:
         "gpt-4o", shorter
     )
     assert len(memo) == 1
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(STEP, st.integers(0, 3)), min_size=1, max_size=12))
+def test_calibrated_counts_reused_with_the_prefix_follow_the_calibration(steps: list[Any]) -> None:
+    """The calibrated counts kept with a conversation's prefix are reused only under the same
+    correction; raw counting (as calibrating on an answer does) keeps them; a recalibration
+    between requests is seen at once."""
+    counter = ChatTokenCounter(ENCODINGS)
+    model = "qwen"  # heuristic: calibration moves it
+    conversations: list[list[dict[str, Any]]] = [
+        [{"role": "system", "content": "s"}] for _ in range(3)
+    ]
+    for (which, added, _, _), action in steps:
+        messages = conversations[which]
+        messages.extend(copy.deepcopy(added))
+        request = copy.deepcopy(messages)
+        if action == 1:  # calibrating on an answer counts the request raw
+            counter.raw_request(model, {"messages": request})
+        elif action == 2:  # the upstream says the prompt was bigger: the correction moves
+            actual = 2 * counter.raw_request(model, {"messages": request}) + 40
+            counter.observe(model, {"messages": request}, actual, overflowed=True)
+        counted = counter.count_messages(model, request)
+        assert counted == [counter.count_message(model, m) for m in request]

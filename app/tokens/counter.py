@@ -170,7 +170,7 @@ class _Prefix:
     ends: tuple[int, ...]  # ends[i]: the offset just after message i's JSON in `text`
     raw: tuple[int, ...]
     fix: Correction | None = None  # the correction `counted` holds the raw counts under
-    counted: tuple[int, ...] = ()
+    counted: tuple[int, ...] = ()  # of the leading messages (all, or fewer)
 
     def shared(self, scope: str, text: bytes) -> int:
         """How many leading messages `text` (a request's messages as one JSON text) has
@@ -393,6 +393,7 @@ class ChatTokenCounter:
             raw = [self.raw_message(encoding, m, model) for m in listed]
             return raw if fix is None else [_whole(fix.content * r + fix.per_message) for r in raw]
         scope = f"{encoding or '~'}|{bare_model(model)}"
+        calibrated = fix is not None
         with self._lock:
             known, shared = self._prefixes.longest(scope, text)
         entry = _Prefix(scope, text, (), ()) if known is None else known
@@ -400,16 +401,36 @@ class ChatTokenCounter:
         for message in listed[shared:]:
             ends.append((ends[-1] if ends else 0) + 1 + len(orjson.dumps(message)))
             raw.append(self.raw_message(encoding, message, model))
-        reused = shared if fix is not None and fix == entry.fix else 0
-        counted = list(entry.counted[:reused]) if fix is not None else []
-        if fix is not None:
+        if fix is None:  # raw counts: the calibrated ones known stay, for the next request
+            fix, counted, changed = entry.fix, list(entry.counted[:shared]), False
+        else:
+            reused = min(shared, len(entry.counted)) if fix == entry.fix else 0
+            counted = list(entry.counted[:reused])
             counted += [_whole(fix.content * r + fix.per_message) for r in raw[reused:]]
-        if shared < len(listed) or reused < shared:
+            changed = reused < len(listed)
+        if shared < len(listed) or changed:
             extended = known if known is not None and shared == len(known.ends) else None
             new = _Prefix(scope, text, tuple(ends), tuple(raw), fix, tuple(counted))
             with self._lock:
                 self._prefixes.replace(extended, new)
-        return raw if fix is None else counted
+        return raw if not calibrated else counted
+
+    def _json_text(self, encoding: str | None, value: Any) -> int:
+        """Tokens of `value`'s JSON text (tool definitions, schemas): cached by content hash
+        like messages, since an agent sends the same tools with every request."""
+        data = orjson.dumps(value)
+        key = hashlib.blake2b((encoding or "~").encode() + b"\1" + data, digest_size=16).digest()
+        with self._lock:
+            cached = self._cache.get(key)
+            if cached is not None:
+                self._cache.move_to_end(key)
+                return cached
+        tokens = self._text(encoding, data.decode())
+        with self._lock:
+            self._cache[key] = tokens
+            if len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        return tokens
 
     def raw_fixed(self, encoding: str | None, body: Mapping[str, Any]) -> int:
         """Uncalibrated tokens of the prompt that are not messages."""
@@ -418,11 +439,11 @@ class ChatTokenCounter:
             definitions = body.get(field_name)
             if isinstance(definitions, list):
                 for tool in definitions:
-                    total += PER_TOOL_DEFINITION + self._text(encoding, orjson.dumps(tool).decode())
+                    total += PER_TOOL_DEFINITION + self._json_text(encoding, tool)
         for field_name in ("response_format", "tool_choice"):
             value = body.get(field_name)
             if isinstance(value, dict):
-                total += self._text(encoding, orjson.dumps(value).decode())
+                total += self._json_text(encoding, value)
             elif isinstance(value, str) and value not in ("auto", "none", "text"):
                 total += self._text(encoding, value)
         for field_name in ("instructions", "system"):  # Responses and Messages: a system prompt

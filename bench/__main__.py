@@ -55,6 +55,7 @@ def main() -> None:
             print(hot_path.added_latency(targets, n=args.n) + "\n")
             print(hot_path.http_clients(upstream) + "\n")
         print(hot_path.own_work() + "\n")
+        print(hot_path.plan_work() + "\n")
         print(hot_path.cold_counting() + "\n")
         print(hot_path.event_plan_times() + "\n")
     if "latency" in only:

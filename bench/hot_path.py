@@ -201,6 +201,48 @@ def own_work(count: int = 40) -> str:
     )
 
 
+def _count_and_plan(
+    messages: Messages, window: int, remember: bool, start: int = 2000, count: int = 41
+) -> float:
+    """Median ms of count + plan (as the service does them, `compact`) per request of a session
+    growing a message a request from `start` (its first request not timed)."""
+    counter = ChatTokenCounter(load_encodings())
+    replays = Replays(ReplayCache(), partial(counter.counting, "gpt-4o"))
+    budget = Budget(window, 1024, 0.8, 0.5)
+    pipeline: tuple[StrategyName, ...] = ("truncate", "prune", "trim")
+    samples = []
+    for k in range(start, start + count):
+        request = orjson.loads(orjson.dumps(messages[:k]))  # a new request's own objects
+        memo: dict[int, int] = {}
+        begin = time.perf_counter()
+        fixed = counter.count_fixed("gpt-4o", {"messages": request})
+        compact(
+            request,
+            pipeline,
+            budget,
+            lambda m, r=request, c=memo: count_within(counter, "gpt-4o", r, c, m),
+            fixed,
+            replays=replays if remember else None,
+        )
+        samples.append((time.perf_counter() - begin) * 1000)
+    return statistics.median(samples[1:])
+
+
+def plan_work() -> str:
+    """Counting and planning alone for a 2,000-message conversation, one new message a
+    request: the replay cache off, then on."""
+    messages = conversation(2100, 8)
+    rows = []
+    for label, window in (("under the threshold", 1_000_000), ("compacted (32k window)", 32_768)):
+        before, after = (_count_and_plan(messages, window, on) for on in (False, True))
+        rows.append(f"| 2,000 messages, {label} | {before:.2f} → {after:.2f} |")
+    return (
+        "Count + plan of the same 2,000-message session (o200k, `truncate, prune, trim`), "
+        "median of 40 requests, before (the replay cache off) → after:\n\n"
+        "| conversation | count + plan ms |\n|---|---:|\n" + "\n".join(rows)
+    )
+
+
 # -- counting and compaction events ----------------------------------------------------------
 
 

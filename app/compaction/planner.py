@@ -15,6 +15,10 @@ developer messages after the head are instructions: kept where they stand, never
 or summarised (§3). Each unit changes state a bounded number of times, each change is O(1),
 and what an event looks up costs at most O(√n) (running sums, a pointer to the middle), so a
 replay of n units is near-linear however many events it has.
+
+The state after a prefix depends on that prefix alone, so with a replay cache
+(app/compaction/replays.py) the next request of a conversation resumes where the last one's
+replay stood before its last unit and replays only what it adds: the same plan, exactly.
 """
 
 from __future__ import annotations
@@ -118,7 +122,7 @@ class _Costs:
     def detached(self) -> _Costs:
         """A copy of the costs known so far, holding no message (what a remembered replay
         keeps)."""
-        return _Costs((), (), _uncounted, self.cap, dict(self.memo))
+        return replace(self, messages=(), units=(), count=_uncounted, memo=dict(self.memo))
 
     def has_giant_output(self, i: int) -> bool:
         """Whether truncating unit i's tool outputs changes it and makes it cheaper."""

@@ -456,9 +456,7 @@ class ChatTokenCounter:
     def raw_request(self, model: str, body: Mapping[str, Any]) -> int:
         """Uncalibrated tokens of a whole request body."""
         encoding = self.encoding_name(model)
-        messages = body.get("messages")
-        listed = messages if isinstance(messages, list) else []
-        counted = [m for m in listed if isinstance(m, Mapping)]
+        counted = _messages_of(body)
         return self.raw_fixed(encoding, body) + sum(self.raw_messages(encoding, counted, model))
 
     # -- calibrated counts (the protocol) ----------------------------------------------------
@@ -486,10 +484,7 @@ class ChatTokenCounter:
 
     def count_request(self, model: str, body: Mapping[str, Any]) -> int:
         """sum(count_message) + count_fixed."""
-        messages = body.get("messages")
-        listed = messages if isinstance(messages, list) else []
-        counted = [m for m in listed if isinstance(m, Mapping)]
-        return self.count_fixed(model, body) + sum(self.count_messages(model, counted))
+        return self.count_fixed(model, body) + sum(self.count_messages(model, _messages_of(body)))
 
     def count_text(self, model: str, text: str) -> int:
         """Tokens of plain text for `model` (calibrated content, no framing)."""
@@ -502,11 +497,9 @@ class ChatTokenCounter:
         """Calibrate on the upstream's count (`actual`) of the request body `sent` (recounted
         raw, cheap through the cache). `overflowed`: the count came from an overflow error, so
         the correction applies at once and counts this body at least that big."""
-        messages = sent.get("messages")
-        listed = messages if isinstance(messages, list) else []
         observation = Observation(
             raw=float(self.raw_request(model, sent)),
-            messages=sum(isinstance(m, Mapping) for m in listed),
+            messages=len(_messages_of(sent)),
             actual=float(actual),
             system=has_system(sent),
             tools=has_tools(sent),
@@ -527,6 +520,16 @@ class ChatTokenCounter:
         """The whole per-model correction: factor on content, tokens per message, per request,
         per request without a system message and with tools (for /stats)."""
         return {m: c.as_dict() for m, c in self._calibration.corrections().items()}
+
+
+def _messages_of(body: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The body's messages that are objects (all of them, checked at C speed, as a rule)."""
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return []
+    if set(map(type, messages)) <= {dict}:
+        return messages
+    return [m for m in messages if isinstance(m, Mapping)]
 
 
 def has_system(body: Mapping[str, Any]) -> bool:

@@ -500,7 +500,8 @@ def plan(
             replayed=head,
             before=head_cost,
         )
-    kept = replay.replay(budget.trigger, recall is not None)
+    # A history with no user message yet is not kept: its head may still move.
+    kept = replay.replay(budget.trigger, recall is not None and shape.head_user)
     if recall is not None and kept is not None:
         recall.remember(kept, messages, shape.units[-1].start)
     return replay.result()

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -22,6 +22,8 @@ from starlette.responses import Response
 from app.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
 from app.http.body import read_body
 from app.proxy.relay import RelayResponse, RelayResult, buffered_response
+from app.proxy.restore import RestoreLoop, Send, follow_json, restore_headers
+from app.proxy.restore_stream import follow_stream
 from app.proxy.sse_tap import SSETap, Usage
 from app.proxy.upstream import Upstream, filter_request_headers, filter_response_headers, read_all
 from app.settings import Settings
@@ -223,6 +225,7 @@ class ApiService:
         exchange.compacted = await self._compactor.prepare(
             wire, exchange.request_headers, exchange.body, route.base_url
         )
+        restoring = self._restoring(exchange)
         headers = filter_request_headers(
             request.headers.items(),
             api_key=route.api_key,
@@ -230,9 +233,20 @@ class ApiService:
             key_header="x-api-key" if self.api.anthropic else "authorization",
         )
         url = self._upstream.url(route, self.api.upstream_path, request.url.query.encode())
+
+        async def send_round(body: dict[str, Any]) -> httpx.Response:  # restore's next round
+            content = orjson.dumps(body)
+            if exchange.stream and self.api.stream_usage is not None:
+                content = self.api.stream_usage(content, body)[0]
+            return await self._upstream.send("POST", url, headers, content)
+
         while True:
             forward, tap = self._with_stream_usage(exchange)
             upstream = await self._upstream.send("POST", url, headers, forward)
+            if upstream.status_code < 400 and restoring is not None:
+                return await self._restored(
+                    exchange, restoring, (upstream, tap), send_round, route.base_url
+                )
             if upstream.status_code < 400 and tap is not None:
                 return self._relay_stream(exchange, upstream, tap, route.base_url)
             content = await read_all(upstream)
@@ -247,8 +261,46 @@ class ApiService:
                 if retry is not None:
                     exchange.compacted = retry
                     exchange.retried = True
+                    restoring = self._restoring(exchange)
                     continue
             return await self._buffered(exchange, upstream, content)
+
+    def _restoring(self, exchange: Exchange) -> RestoreLoop | None:
+        """Restore's loop when it is on and has something to offer (chat only, DESIGN.md §11);
+        the forwarded body then offers the tool."""
+        compacted = exchange.compacted
+        if compacted is None or not compacted.refs or self.api.wire.api != "chat":
+            return None
+        room = compacted.budget - compacted.tokens_after
+        loop = RestoreLoop.start(compacted.body, compacted.refs, room)
+        if loop is not None:
+            offered = loop.request()
+            exchange.compacted = replace(compacted, body=offered, forward=orjson.dumps(offered))
+        return loop
+
+    async def _restored(
+        self,
+        exchange: Exchange,
+        loop: RestoreLoop,
+        first: tuple[httpx.Response, SSETap | None],
+        send: Send,
+        base_url: str,
+    ) -> Response:
+        """Run restore's rounds on a first answer that succeeded, then relay the last one."""
+        upstream, tap = first
+        if tap is None:
+            upstream, content = await follow_json(loop, upstream, send)
+        else:
+            held = await follow_stream(loop, upstream, send)
+            upstream, tap.carry = held.upstream, loop.usage
+        if exchange.compacted is not None and loop.rounds > 1:
+            report = {**exchange.compacted.headers, **restore_headers(loop)}
+            exchange.compacted = replace(exchange.compacted, headers=report)
+        if tap is None:
+            return await self._buffered(exchange, upstream, content)
+        if upstream.status_code >= 400:
+            return await self._buffered(exchange, upstream, await read_all(upstream))
+        return self._relay_stream(exchange, upstream, tap, base_url, (held.head, held.rest))
 
     async def _buffered(
         self, exchange: Exchange, upstream: httpx.Response, content: bytes
@@ -303,7 +355,12 @@ class ApiService:
         return relayed + list(exchange.headers.items()) + truncated
 
     def _relay_stream(
-        self, exchange: Exchange, upstream: httpx.Response, tap: SSETap, base_url: str
+        self,
+        exchange: Exchange,
+        upstream: httpx.Response,
+        tap: SSETap,
+        base_url: str,
+        held: tuple[bytes, AsyncIterator[bytes]] | None = None,
     ) -> RelayResponse:
         exchange.status = upstream.status_code
 
@@ -329,6 +386,7 @@ class ApiService:
             started=exchange.started,
             on_end=on_end,
             error_frame=self.api.error_frame,
+            held=held,
         )
 
     async def _finish(self, exchange: Exchange) -> None:

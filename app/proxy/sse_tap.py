@@ -70,6 +70,35 @@ class Usage:
             written,
         )
 
+    def plus(self, other: Usage | None) -> Usage:
+        """The sum of two requests' usage (restore's rounds); a count neither knows stays
+        unknown."""
+        if other is None:
+            return self
+
+        def add(a: int | None, b: int | None) -> int | None:
+            return None if a is None and b is None else (a or 0) + (b or 0)
+
+        return Usage(
+            add(self.prompt_tokens, other.prompt_tokens),
+            add(self.completion_tokens, other.completion_tokens),
+            add(self.cached_tokens, other.cached_tokens),
+            add(self.cache_write_tokens, other.cache_write_tokens),
+        )
+
+    def as_chat(self, original: Any) -> dict[str, Any]:
+        """A chat `usage` object: `original` (the upstream's, other fields kept) with these
+        counts."""
+        out = dict(original) if isinstance(original, dict) else {}
+        prompt, completion = self.prompt_tokens or 0, self.completion_tokens or 0
+        out.update(
+            prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
+        )
+        details = out.get("prompt_tokens_details")
+        if self.cached_tokens is not None and isinstance(details, dict):
+            out["prompt_tokens_details"] = {**details, "cached_tokens": self.cached_tokens}
+        return out
+
     def updated(self, later: Usage) -> Usage:
         """This usage with what a later report states (a stream's `message_delta`)."""
         return Usage(
@@ -98,20 +127,25 @@ class SSETap:
     """Feed it upstream chunks; it returns the bytes to send to the client."""
 
     strip_usage_chunk: bool = False
+    # restore's earlier rounds: added to the usage read, and the chat usage chunk the client
+    # sees states the sum (the chunk is re-encoded; every other line passes untouched)
+    carry: Usage | None = None
     usage: Usage | None = None
     done: bool = False
     error: Any = None
     _partial: bytes = b""
     _skip_blank: bool = field(default=False)
     _final_next: bool = False  # an `event:` line named a final event; its data line ends it
+    _rewritten: bytes | None = None  # the line `_observe` just read, with the summed usage
 
     def feed(self, chunk: bytes) -> bytes:
         data = self._partial + chunk
         cut = data.rfind(b"\n") + 1
         complete, self._partial = data[:cut], data[cut:]
+        rebuild = self.strip_usage_chunk or self.carry is not None
         if not complete:
-            return b"" if self.strip_usage_chunk else chunk
-        if not self.strip_usage_chunk:
+            return b"" if rebuild else chunk
+        if not rebuild:
             for line in complete.splitlines():
                 self._observe(line)
             return chunk
@@ -122,9 +156,12 @@ class SSETap:
                 self._skip_blank = False
                 continue
             self._skip_blank = False
-            if self._observe(stripped):
+            if self._observe(stripped) and self.strip_usage_chunk:
                 self._skip_blank = True
+                self._rewritten = None
                 continue
+            if self._rewritten is not None:
+                line, self._rewritten = self._rewritten + line[len(stripped) :], None
             out += line
         return bytes(out)
 
@@ -133,7 +170,9 @@ class SSETap:
         rest, self._partial = self._partial, b""
         if rest:
             self._observe(rest.rstrip(b"\r"))
-        return rest if self.strip_usage_chunk else b""
+            if self._rewritten is not None:
+                rest, self._rewritten = self._rewritten, None
+        return rest if self.strip_usage_chunk or self.carry is not None else b""
 
     def _anthropic_usage(self, event: dict[str, Any]) -> None:
         """Anthropic's stream states usage in `message_start` (inside the message) and completes
@@ -178,5 +217,9 @@ class SSETap:
         if usage is None:
             return False
         self.usage = usage
+        if self.carry is not None and inner is event:
+            self.usage = self.carry.plus(usage)
+            summed = {**event, "usage": self.usage.as_chat(event.get("usage"))}
+            self._rewritten = b"data: " + orjson.dumps(summed)
         choices = event.get("choices")
         return not choices and "type" not in event  # a chat usage-only chunk (never an event)

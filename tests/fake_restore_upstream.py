@@ -1,0 +1,117 @@
+"""A scripted chat upstream for the restore loop: each request gets the next scripted reply —
+text, or tool calls (`inflight_restore` with a ref read from the request's markers, or any
+other tool) — in JSON or as an SSE stream, with usage; every request body is recorded."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from app.compaction.refs import REF_SUFFIX_RE
+
+FIRST_REF = "<first ref>"  # a restore call's ref: the first one in the request's messages
+
+
+@dataclass(frozen=True)
+class Call:
+    name: str
+    ref: str | None = None  # for inflight_restore: a ref, or FIRST_REF
+    arguments: str = "{}"  # for any other tool
+
+
+@dataclass(frozen=True)
+class Reply:
+    text: str | None = None
+    calls: tuple[Call, ...] = ()
+
+
+def sse(obj: Any) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+class ScriptedUpstream:
+    """`app` answers `/v1/chat/completions` with `replies` in order (the last one repeats)."""
+
+    def __init__(self, replies: list[Reply]) -> None:
+        self.replies = replies
+        self.bodies: list[dict[str, Any]] = []
+        self.app = Starlette(routes=[Route("/v1/chat/completions", self._chat, methods=["POST"])])
+
+    def usage(self, k: int) -> dict[str, Any]:
+        return {
+            "prompt_tokens": 1000 + k,
+            "completion_tokens": 10 + k,
+            "total_tokens": 1010 + 2 * k,
+        }
+
+    def _calls(self, reply: Reply, body: dict[str, Any], k: int) -> list[dict[str, Any]]:
+        out = []
+        for n, call in enumerate(reply.calls):
+            arguments = call.arguments
+            if call.ref is not None:
+                ref = call.ref
+                if ref == FIRST_REF:
+                    found = REF_SUFFIX_RE.search(orjson.dumps(body["messages"]).decode())
+                    ref = found.group(1) if found else "none"
+                arguments = orjson.dumps({"ref": ref}).decode()
+            function = {"name": call.name, "arguments": arguments}
+            out.append({"id": f"call_{k}_{n}", "type": "function", "function": function})
+        return out
+
+    async def _chat(self, request: Request) -> Response:
+        body = orjson.loads(await request.body())
+        k = len(self.bodies)
+        self.bodies.append(body)
+        reply = self.replies[min(k, len(self.replies) - 1)]
+        calls = self._calls(reply, body, k)
+        if body.get("stream"):
+            usage = (body.get("stream_options") or {}).get("include_usage") is True
+            return StreamingResponse(
+                self._stream(reply.text, calls, k, usage), media_type="text/event-stream"
+            )
+        message: dict[str, Any] = {"role": "assistant", "content": reply.text}
+        if calls:
+            message["tool_calls"] = calls
+        finish = "tool_calls" if calls else "stop"
+        return JSONResponse(
+            {
+                "id": f"chatcmpl-{k}",
+                "object": "chat.completion",
+                "model": body.get("model"),
+                "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+                "usage": self.usage(k),
+            }
+        )
+
+    async def _stream(
+        self, text: str | None, calls: list[dict[str, Any]], k: int, usage: bool
+    ) -> AsyncIterator[bytes]:
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+            choice = {"index": 0, "delta": delta, "finish_reason": finish}
+            return sse(
+                {"id": f"chatcmpl-{k}", "object": "chat.completion.chunk", "choices": [choice]}
+            )
+
+        yield chunk({"role": "assistant", "content": ""})  # says nothing yet about the kind
+        for word in (text or "").split(" ") if text else ():
+            yield chunk({"content": word + " "})
+        for n, call in enumerate(calls):
+            function = call["function"]
+            first = {"index": n, "id": call["id"], "type": "function"}
+            yield chunk({"tool_calls": [{**first, "function": {"name": function["name"]}}]})
+            arguments = function["arguments"]
+            for at in range(0, len(arguments), 7):  # arguments arrive in pieces
+                piece = {"index": n, "function": {"arguments": arguments[at : at + 7]}}
+                yield chunk({"tool_calls": [piece]})
+        yield chunk({}, "tool_calls" if calls else "stop")
+        if usage:
+            yield sse({"id": f"chatcmpl-{k}", "object": "chat.completion.chunk", "choices": [],
+                       "usage": self.usage(k)})  # fmt: skip
+        yield b"data: [DONE]\n\n"

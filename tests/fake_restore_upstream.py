@@ -42,6 +42,7 @@ class ScriptedUpstream:
     def __init__(self, replies: list[Reply]) -> None:
         self.replies = replies
         self.bodies: list[dict[str, Any]] = []
+        self.raw: list[bytes] = []
         self.app = Starlette(routes=[Route("/v1/chat/completions", self._chat, methods=["POST"])])
 
     def usage(self, k: int) -> dict[str, Any]:
@@ -66,7 +67,9 @@ class ScriptedUpstream:
         return out
 
     async def _chat(self, request: Request) -> Response:
-        body = orjson.loads(await request.body())
+        raw = await request.body()
+        self.raw.append(raw)
+        body = orjson.loads(raw)
         k = len(self.bodies)
         self.bodies.append(body)
         reply = self.replies[min(k, len(self.replies) - 1)]

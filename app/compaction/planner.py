@@ -91,10 +91,11 @@ def _transform(
 ) -> list[Mapping[str, Any]]:
     """A unit's messages truncated (`level` 1: tool outputs, 2: deep) and pruned as planned,
     the outputs of `protect`ed tools left whole (the caller passes none for the last unit)."""
+    original = chunk
     if level:
         chunk = truncate_unit(chunk, cap, deep=level > 1, start=unit.start, protect=protect)
     if pruned and unit.kind in TOOL_KINDS:
-        chunk = prune_unit(chunk, unit.start, protect)
+        chunk = prune_unit(chunk, unit.start, protect, original)
     return chunk
 
 

@@ -87,28 +87,38 @@ def tool_names(unit_messages: Sequence[Mapping[str, Any]]) -> list[str]:
     return [names[k] if k is not None else "tool" for k in answered_calls(unit_messages)]
 
 
-def prune_message(message: Mapping[str, Any], name: str, position: int) -> Mapping[str, Any]:
-    """The tool message (at `position` in the history) with its content replaced; the same
-    object when already pruned."""
+def prune_message(
+    message: Mapping[str, Any], name: str, position: int, original: Any = None
+) -> Mapping[str, Any]:
+    """The tool message (at `position` in the history) with its content replaced by a
+    placeholder describing `original` (the client's content, when truncation changed it
+    before; else the message's own); the same object when already pruned."""
     if message.get("role") not in ("tool", "function"):
         return message
     content = message.get("content")
     if is_placeholder(content) or _size(content) == 0:
         return message
-    ref = ref_suffix(ref_for(position, content))
-    return {**message, "content": PLACEHOLDER.format(name=name, size=_size(content), ref=ref)}
+    original = content if original is None else original
+    ref = ref_suffix(ref_for(position, original))
+    return {**message, "content": PLACEHOLDER.format(name=name, size=_size(original), ref=ref)}
 
 
 def prune_unit(
     unit_messages: Sequence[Mapping[str, Any]],
     start: int = 0,
     protect: AbstractSet[str] = frozenset(),
+    originals: Sequence[Mapping[str, Any]] | None = None,
 ) -> list[Mapping[str, Any]]:
     """The tool unit (its first message at `start` in the history) with its outputs pruned,
-    except those of `protect`ed tools."""
+    except those of `protect`ed tools. `originals`: the unit as the client sent it, when
+    truncation already changed it (placeholders describe and name the originals)."""
     names = tool_names(unit_messages)
+    source = unit_messages if originals is None else originals
     out: list[Mapping[str, Any]] = [unit_messages[0]]
     for offset, (message, name) in enumerate(zip(unit_messages[1:], names, strict=True), 1):
-        kept = name in protect
-        out.append(message if kept else prune_message(message, name, start + offset))
+        if name in protect:
+            out.append(message)
+            continue
+        original = source[offset].get("content")
+        out.append(prune_message(message, name, start + offset, original))
     return out

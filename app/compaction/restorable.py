@@ -16,7 +16,7 @@ import orjson
 from app.compaction.planner import TOOL_KINDS, Plan
 from app.compaction.prune import tool_names
 from app.compaction.refs import ref_for
-from app.compaction.truncate import truncate_unit, unit_texts
+from app.compaction.truncate import unit_texts
 
 
 def removed_positions(plan: Plan) -> list[int]:
@@ -74,20 +74,16 @@ def _unit_refs(
     unit = the_plan.units[i]
     chunk = list(messages[unit.start : unit.end])
     protect = the_plan.protect if i < len(the_plan.units) - 1 else frozenset()
-    deep = i in the_plan.deep
-    shown = chunk
     if i in the_plan.truncated:
+        deep = i in the_plan.deep
         for position, part, text in unit_texts(chunk, deep=deep, start=unit.start, protect=protect):
             out[ref_for(position, text, part)] = text
-        shown = truncate_unit(chunk, the_plan.cap, deep=deep, start=unit.start, protect=protect)
     if i < the_plan.pruned_before and unit.kind in TOOL_KINDS:
         names = tool_names(chunk)
         for offset in range(1, len(chunk)):
-            if names[offset - 1] in protect:
-                continue
-            # a pruned output's ref names what prune saw: the output as truncation left it
-            ref = ref_for(unit.start + offset, shown[offset].get("content"))
-            out[ref] = as_text(chunk[offset].get("content"))
+            if names[offset - 1] not in protect:
+                content = chunk[offset].get("content")
+                out[ref_for(unit.start + offset, content)] = as_text(content)
 
 
 def restorable(messages: Sequence[Mapping[str, Any]], the_plan: Plan) -> dict[str, str]:

@@ -1,6 +1,7 @@
-"""A scripted chat upstream for the restore loop: each request gets the next scripted reply —
-text, or tool calls (`inflight_restore` with a ref read from the request's markers, or any
-other tool) — in JSON or as an SSE stream, with usage; every request body is recorded."""
+"""A scripted upstream for the restore loop: each request gets the next scripted reply — text,
+or tool calls (`inflight_restore` with a ref read from the request's markers, or any other
+tool) — in JSON or as an SSE stream, with usage, as chat completions (`/v1/chat/completions`)
+or Anthropic Messages (`/v1/messages`); every request body is recorded."""
 
 from __future__ import annotations
 
@@ -43,7 +44,12 @@ class ScriptedUpstream:
         self.replies = replies
         self.bodies: list[dict[str, Any]] = []
         self.raw: list[bytes] = []
-        self.app = Starlette(routes=[Route("/v1/chat/completions", self._chat, methods=["POST"])])
+        self.app = Starlette(
+            routes=[
+                Route("/v1/chat/completions", self._chat, methods=["POST"]),
+                Route("/v1/messages", self._messages, methods=["POST"]),
+            ]
+        )
 
     def usage(self, k: int) -> dict[str, Any]:
         return {
@@ -51,6 +57,66 @@ class ScriptedUpstream:
             "completion_tokens": 10 + k,
             "total_tokens": 1010 + 2 * k,
         }
+
+    def anthropic_usage(self, k: int) -> dict[str, Any]:
+        return {"input_tokens": 1000 + k, "output_tokens": 10 + k}
+
+    async def _messages(self, request: Request) -> Response:
+        raw = await request.body()
+        self.raw.append(raw)
+        body = orjson.loads(raw)
+        k = len(self.bodies)
+        self.bodies.append(body)
+        reply = self.replies[min(k, len(self.replies) - 1)]
+        blocks: list[dict[str, Any]] = [{"type": "text", "text": reply.text}] if reply.text else []
+        for call in self._calls(reply, body, k):
+            function = call["function"]
+            arguments = orjson.loads(function["arguments"])
+            blocks.append(
+                {"type": "tool_use", "id": call["id"], "name": function["name"], "input": arguments}
+            )
+        message = {
+            "id": f"msg_{k}",
+            "type": "message",
+            "role": "assistant",
+            "model": body.get("model"),
+            "content": blocks,
+            "stop_reason": "tool_use" if reply.calls else "end_turn",
+            "usage": self.anthropic_usage(k),
+        }
+        if body.get("stream"):
+            return StreamingResponse(self._events(message), media_type="text/event-stream")
+        return JSONResponse(message)
+
+    async def _events(self, message: dict[str, Any]) -> AsyncIterator[bytes]:
+        def event(name: str, data: dict[str, Any]) -> bytes:
+            return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+
+        usage = message["usage"]
+        start = {**message, "content": [], "usage": {**usage, "output_tokens": 1}}
+        yield event("message_start", {"type": "message_start", "message": start})
+        for index, block in enumerate(message["content"]):
+            empty = {**block, "text": ""} if block["type"] == "text" else {**block, "input": {}}
+            yield event(
+                "content_block_start",
+                {"type": "content_block_start", "index": index, "content_block": empty},
+            )
+            if block["type"] == "text":
+                delta = {"type": "text_delta", "text": block["text"]}
+            else:
+                delta = {
+                    "type": "input_json_delta",
+                    "partial_json": orjson.dumps(block["input"]).decode(),
+                }
+            yield event(
+                "content_block_delta",
+                {"type": "content_block_delta", "index": index, "delta": delta},
+            )
+            yield event("content_block_stop", {"type": "content_block_stop", "index": index})
+        done = {"stop_reason": message["stop_reason"]}
+        yield event("message_delta", {"type": "message_delta", "delta": done,
+                                      "usage": {"output_tokens": usage["output_tokens"]}})  # fmt: skip
+        yield event("message_stop", {"type": "message_stop"})
 
     def _calls(self, reply: Reply, body: dict[str, Any], k: int) -> list[dict[str, Any]]:
         out = []

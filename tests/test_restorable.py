@@ -14,6 +14,7 @@ from app.compaction.refs import REF_SUFFIX_RE, ref_for, ref_suffix
 from app.compaction.restorable import removed_positions, restorable, span_ref
 from app.compaction.truncate import MARKER, kept_length, truncate_unit
 from app.proxy.restore import TOOL_NAME, RestoreLoop
+from app.proxy.restore_chat import ChatDialect
 from tests.conversations import simple_count
 
 AUTO: tuple[StrategyName, ...] = ("truncate", "prune", "trim")
@@ -178,7 +179,7 @@ def test_a_summary_ends_with_the_span_marker_when_restoring() -> None:
 
 def loop(refs: dict[str, str], room_tokens: int = 10_000) -> RestoreLoop:
     body = {"model": "m", "messages": [{"role": "user", "content": "x (ref: abcdef123456)"}]}
-    found = RestoreLoop.start(body, refs, room_tokens)
+    found = RestoreLoop.start(ChatDialect(), body, refs, room_tokens)
     assert found is not None
     return found
 
@@ -208,6 +209,9 @@ def test_the_tool_cuts_an_answer_to_the_room_left_and_says_so() -> None:
 
 def test_no_loop_without_a_resolvable_marker() -> None:
     body = {"model": "m", "messages": [{"role": "user", "content": "x (ref: abcdef123456)"}]}
-    assert RestoreLoop.start(body, {"other0000000": "t"}, 1_000) is None
-    assert RestoreLoop.start(body, {}, 1_000) is None
-    assert RestoreLoop.start({**body, "tool_choice": "none"}, {"abcdef123456": "t"}, 1) is None
+    assert RestoreLoop.start(ChatDialect(), body, {"other0000000": "t"}, 1_000) is None
+    assert RestoreLoop.start(ChatDialect(), body, {}, 1_000) is None
+    assert (
+        RestoreLoop.start(ChatDialect(), {**body, "tool_choice": "none"}, {"abcdef123456": "t"}, 1)
+        is None
+    )

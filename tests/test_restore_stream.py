@@ -8,11 +8,13 @@ from collections.abc import AsyncIterator
 import orjson
 import pytest
 
-from app.proxy.restore_stream import _first_kind, assemble
+from app.proxy.restore_chat import ChatDialect
+from app.proxy.restore_stream import _events, _first_kind
 from app.proxy.sse_tap import SSETap, Usage
 from tests.fake_restore_upstream import sse
 
 pytestmark = pytest.mark.anyio
+CHAT = ChatDialect()
 
 
 def chunk(delta: dict[str, object], finish: str | None = None) -> bytes:
@@ -39,24 +41,24 @@ CALL = (
 
 @pytest.mark.parametrize("size", [1, 7, 10_000])
 async def test_the_kind_is_known_from_the_first_telling_chunk(size: int) -> None:
-    kind, head = await _first_kind(pieces(TEXT, size))
+    kind, head = await _first_kind(pieces(TEXT, size), CHAT)
     assert kind == "text"
     assert TEXT.startswith(head)
     assert b'"Hi"' in head  # an empty first content says nothing: read on to the text
-    kind, head = await _first_kind(pieces(CALL, size))
+    kind, head = await _first_kind(pieces(CALL, size), CHAT)
     assert kind == "tools"
     assert b"inflight_restore" in head
     assert b'"ref"' not in head or size > len(CALL) // 2  # stopped early when chunks allow
 
 
 async def test_a_body_that_ends_or_is_no_chat_stream_is_text() -> None:
-    assert (await _first_kind(pieces(b"data: [DONE]\n\n", 3)))[0] == "text"
-    assert (await _first_kind(pieces(b"not an event stream", 3)))[0] == "text"
+    assert (await _first_kind(pieces(b"data: [DONE]\n\n", 3), CHAT))[0] == "text"
+    assert (await _first_kind(pieces(b"not an event stream", 3), CHAT))[0] == "text"
 
 
 def test_streamed_calls_are_assembled_with_their_usage() -> None:
-    message, usage = assemble(CALL)
-    assert message["tool_calls"] == [
+    answer = CHAT.assemble(_events(CALL))
+    assert answer["choices"][0]["message"]["tool_calls"] == [
         {
             "type": "function",
             "id": "a",
@@ -64,7 +66,8 @@ def test_streamed_calls_are_assembled_with_their_usage() -> None:
         },
         {"type": "function", "id": "b", "function": {"name": "search", "arguments": ""}},
     ]
-    assert usage == Usage(5, 2)
+    assert CHAT.usage(answer) == Usage(5, 2)
+    assert [c["id"] for c in CHAT.calls(answer)] == ["a"]  # only the proxy's own
 
 
 def test_the_usage_chunk_states_the_sum_of_every_round() -> None:

@@ -1,25 +1,26 @@
 """Restore (DESIGN.md §11): the `inflight_restore` tool the proxy offers and answers itself.
 
-When restore is on and the forwarded chat request carries at least one elision marker, the
-proxy offers the model a function tool `inflight_restore(ref)`. An answer whose calls include
-it is not returned: the proxy appends that assistant turn (its restore calls only — the
-client's own calls in the same turn are dropped, the model re-issues them once it has read)
-and one tool answer per call, resolved against the originals of the request being served (the
-client resends its whole history, so nothing is stored), cut to fit what is left of the budget,
-and asks again. At most `MAX_ROUNDS` upstream requests: the last one does not offer the tool,
-so the model must answer. The client never sees the tool, the calls or the extra messages; the
+When restore is on and the forwarded request carries at least one elision marker the proxy can
+resolve, it offers the model a function tool `inflight_restore(ref)`. An answer that calls it
+is not returned: the proxy appends that assistant turn (its restore calls only — the client's
+own calls in the same turn are dropped, the model re-issues them once it has read) and one tool
+answer per call, resolved against the originals of the request being served (the client
+resends its whole history, so nothing is stored), cut to fit what is left of the budget, and
+asks again. At most `MAX_ROUNDS` upstream requests: the last one does not offer the tool, so
+the model must answer. The client never sees the tool, the calls or the extra messages; the
 usage it gets (and the one usage record) is the sum of every round.
 
-This module is the loop's logic on chat bodies and answers; `restore_stream.py` holds back a
-stream until its kind is known. Only chat completions offer restore; on the Responses and
-Messages routes the markers carry refs (the ledger names them) but no tool is offered.
+This module is the loop, on any API through its `Dialect` (where chat completions and
+Anthropic's Messages differ: `restore_chat.py`, `restore_messages.py`); `restore_stream.py`
+holds back a stream until its kind is known. The Responses API offers no tool (its answers
+echo `tools`); its markers still carry refs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import orjson
 
@@ -41,55 +42,73 @@ DESCRIPTION = (
     "[inflight pruned an old output of TOOL: N chars (ref: ID)] or "
     "[inflight removed N earlier messages … (ref: ID)] stand for it: pass the ID."
 )
-CHAT_TOOL: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": TOOL_NAME,
-        "description": DESCRIPTION,
-        "parameters": {
-            "type": "object",
-            "properties": {"ref": {"type": "string", "description": "the ID in (ref: ID)"}},
-            "required": ["ref"],
-        },
-    },
+PARAMETERS: dict[str, Any] = {
+    "type": "object",
+    "properties": {"ref": {"type": "string", "description": "the ID in (ref: ID)"}},
+    "required": ["ref"],
 }
+Kind = Literal["text", "tools"]
 
 
-def _calls_tool(call: Any) -> bool:
-    function = call.get("function") if isinstance(call, dict) else None
-    return isinstance(function, dict) and function.get("name") == TOOL_NAME
+class Dialect(Protocol):
+    """Where restore differs between APIs: the tool's shape, calls and turns, usage, and what
+    a stream's first events say."""
+
+    history: str  # the body field that holds the conversation
+
+    def tool(self) -> dict[str, Any]: ...
+
+    def forbids(self, body: Mapping[str, Any]) -> bool:
+        """Whether the client's request rules out offering a tool."""
+        ...
+
+    def calls(self, answer: Any) -> list[dict[str, Any]]:
+        """The answer's `inflight_restore` calls (none: an ordinary answer)."""
+        ...
+
+    def arguments(self, call: Mapping[str, Any]) -> Any: ...
+
+    def turn(self, answer: Any, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The assistant turn to append: the answer with only its restore calls."""
+        ...
+
+    def replies(self, answers: list[tuple[str, str]]) -> list[dict[str, Any]]:
+        """The tool answers to append, as (call id, text)."""
+        ...
+
+    def usage(self, answer: Any) -> Usage | None: ...
+
+    def with_usage(self, answer: dict[str, Any], total: Usage) -> dict[str, Any]:
+        """The final answer stating the usage of every round."""
+        ...
+
+    def kind(self, event: dict[str, Any]) -> Kind | None:
+        """What a stream event says the answer is; None while it says nothing yet."""
+        ...
+
+    def assemble(self, events: list[dict[str, Any]]) -> dict[str, Any]:
+        """A whole streamed answer as its JSON answer would be."""
+        ...
 
 
-def restore_calls(message: Any) -> list[dict[str, Any]]:
-    """The `inflight_restore` calls of an assistant message (none: an ordinary answer)."""
-    calls = message.get("tool_calls") if isinstance(message, dict) else None
-    return [c for c in calls if _calls_tool(c)] if isinstance(calls, list) else []
-
-
-def _forbids_tools(body: Mapping[str, Any]) -> bool:
-    """Whether the client's request rules out offering a tool: `tool_choice: none`, several
-    choices (`n` > 1), or a tool of its own with the same name."""
-    if body.get("tool_choice") == "none":
-        return True
-    n = body.get("n")
-    if isinstance(n, int) and n > 1:
-        return True
-    tools = body.get("tools")
-    return isinstance(tools, list) and any(
-        isinstance(t, dict) and (t.get("function") or {}).get("name") == TOOL_NAME for t in tools
-    )
-
-
-def marked_refs(messages: Any, refs: Mapping[str, str]) -> bool:
-    """Whether `messages` carry at least one marker whose ref the proxy can resolve."""
-    text = orjson.dumps(messages).decode()
+def marked_refs(history: Any, refs: Mapping[str, str]) -> bool:
+    """Whether `history` carries at least one marker whose ref the proxy can resolve."""
+    text = orjson.dumps(history).decode()
     return any(m.group(1) in refs for m in REF_SUFFIX_RE.finditer(text))
+
+
+def names_tool(tools: Any, name_of: Callable[[dict[str, Any]], Any]) -> bool:
+    """Whether the client's own `tools` already name one `inflight_restore`."""
+    return isinstance(tools, list) and any(
+        isinstance(t, dict) and name_of(t) == TOOL_NAME for t in tools
+    )
 
 
 @dataclass(slots=True)
 class RestoreLoop:
     """One client request's restore rounds: what to send next, and what the model read."""
 
+    dialect: Dialect
     body: dict[str, Any]  # the compacted body as first forwarded (without the tool)
     refs: Mapping[str, str]  # ref -> original text (app/compaction/restorable.py)
     room_chars: int  # what the restored texts may take together
@@ -100,14 +119,18 @@ class RestoreLoop:
 
     @classmethod
     def start(
-        cls, body: Mapping[str, Any], refs: Mapping[str, str], room_tokens: int
+        cls,
+        dialect: Dialect,
+        body: Mapping[str, Any],
+        refs: Mapping[str, str],
+        room_tokens: int,
     ) -> RestoreLoop | None:
-        """A loop for `body` (the compacted chat body), or None when restore has nothing to
-        offer or may not offer a tool (the request is then forwarded exactly as before)."""
-        if not refs or _forbids_tools(body) or not marked_refs(body.get("messages"), refs):
+        """A loop for `body` (the compacted body), or None when restore has nothing to offer
+        or may not offer a tool (the request is then forwarded exactly as before)."""
+        if not refs or dialect.forbids(body) or not marked_refs(body.get(dialect.history), refs):
             return None
         room = max(0, room_tokens - TOOL_TOKENS) * CHARS_PER_TOKEN
-        return cls(dict(body), refs, room)
+        return cls(dialect, dict(body), refs, room)
 
     @property
     def offering(self) -> bool:
@@ -118,27 +141,22 @@ class RestoreLoop:
         """The body of the current round: the turns so far, the tool offered unless last."""
         out = dict(self.body)
         if self.extra:
-            out["messages"] = [*self.body["messages"], *self.extra]
+            out[self.dialect.history] = [*self.body[self.dialect.history], *self.extra]
         if self.offering:
-            out["tools"] = [*(self.body.get("tools") or ()), CHAT_TOOL]
+            out["tools"] = [*(self.body.get("tools") or ()), self.dialect.tool()]
         return out
 
-    def answer(
-        self, message: Mapping[str, Any], calls: Iterable[dict[str, Any]], usage: Usage | None
-    ) -> None:
+    def answer(self, answer: Any, calls: list[dict[str, Any]]) -> None:
         """Take in an answer that called the tool: its turn and the tool's answers join the
         conversation, and the next round begins."""
-        answered: list[dict[str, Any]] = []
-        replies: list[dict[str, Any]] = []
-        for k, call in enumerate(calls):
-            call_id = call.get("id") or f"inflight_restore_{self.rounds}_{k}"
-            answered.append({**call, "id": call_id})
-            text = self.resolve(call.get("function", {}).get("arguments"))
-            replies.append({"role": "tool", "tool_call_id": call_id, "content": text})
-        turn: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
-        turn["tool_calls"] = answered
-        self.extra += [turn, *replies]
-        self.calls += len(answered)
+        named = [
+            {**call, "id": call.get("id") or f"inflight_restore_{self.rounds}_{k}"}
+            for k, call in enumerate(calls)
+        ]
+        texts = [(c["id"], self.resolve(self.dialect.arguments(c))) for c in named]
+        self.extra += [*self.dialect.turn(answer, named), *self.dialect.replies(texts)]
+        self.calls += len(named)
+        usage = self.dialect.usage(answer)
         self.usage = usage if self.usage is None else self.usage.plus(usage)
         self.rounds += 1
 
@@ -171,6 +189,13 @@ class RestoreLoop:
         note = f"[{TOOL_NAME}: {len(original) - room} of {len(original)} chars not shown]"
         return f"{original[:head]}\n\n{note}\n\n{original[len(original) - tail :]}"
 
+    def final(self, answer: dict[str, Any]) -> bytes:
+        """The final JSON answer, its usage the sum of every round's."""
+        if self.usage is None:
+            return orjson.dumps(answer)
+        total = self.usage.plus(self.dialect.usage(answer))
+        return orjson.dumps(self.dialect.with_usage(answer, total))
+
 
 def restore_headers(loop: RestoreLoop) -> dict[str, str]:
     """What restore did, for the response's report headers (the client sees no tool)."""
@@ -178,28 +203,6 @@ def restore_headers(loop: RestoreLoop) -> dict[str, str]:
         "X-Compaction-Restore-Rounds": str(loop.rounds),
         "X-Compaction-Restore-Calls": str(loop.calls),
     }
-
-
-def answer_message(content: bytes) -> tuple[dict[str, Any], dict[str, Any]] | None:
-    """A JSON chat answer and its first choice's message; None when it is not one."""
-    try:
-        data = orjson.loads(content)
-    except orjson.JSONDecodeError:
-        return None
-    choices = data.get("choices") if isinstance(data, dict) else None
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        return None
-    message = choices[0].get("message")
-    return (data, message) if isinstance(message, dict) else None
-
-
-def with_usage(data: dict[str, Any], earlier: Usage | None) -> tuple[bytes, Usage | None]:
-    """The final JSON answer with the usage of every round summed, and that sum."""
-    usage = Usage.from_json(data.get("usage"))
-    if earlier is None:
-        return orjson.dumps(data), usage
-    total = earlier.plus(usage)
-    return orjson.dumps({**data, "usage": total.as_chat(data.get("usage"))}), total
 
 
 Send = Callable[[dict[str, Any]], Awaitable["httpx.Response"]]  # one round's body -> its answer
@@ -214,14 +217,16 @@ async def follow_json(
     round summed; an error of a later round as it came."""
     content = await read_all(upstream)
     while upstream.status_code < 400:
-        parsed = answer_message(content)
-        if parsed is None:
+        try:
+            answer = orjson.loads(content)
+        except orjson.JSONDecodeError:
             return upstream, content
-        data, message = parsed
-        calls = restore_calls(message)
+        if not isinstance(answer, dict):
+            return upstream, content
+        calls = loop.dialect.calls(answer)
         if not calls or not loop.offering:
-            return upstream, with_usage(data, loop.usage)[0]
-        loop.answer(message, calls, Usage.from_json(data.get("usage")))
+            return upstream, loop.final(answer) if loop.rounds > 1 else content
+        loop.answer(answer, calls)
         upstream = await send(loop.request())
         content = await read_all(upstream)
     return upstream, content

@@ -1,11 +1,11 @@
 """Restore on a stream: hold back only the first chunks, until the answer's kind is known.
 
-A chat stream's first deltas say what the answer is. Text (a first non-empty `content`
-delta, or an end without tool calls) is relayed from there on as it comes: the chunks held so
-far go first, then the rest of the same upstream body. Tool calls are short: that answer is
-read to its end, its deltas assembled into one message; when it calls `inflight_restore` (and
-a round is left) the proxy answers and streams the next round instead, else the held answer is
-relayed exactly as received. The client sees one well-formed stream — the final round's —
+A stream's first events say what the answer is (the `Dialect` reads them). Text (a first
+non-empty text delta, or an end without tool calls) is relayed from there on as it comes: the
+chunks held so far go first, then the rest of the same upstream body. Tool calls are short:
+that answer is read to its end and assembled; when it calls `inflight_restore` (and a round is
+left) the proxy answers and streams the next round instead, else the held answer is relayed
+exactly as received. The client sees one well-formed stream — the final round's —
 with time to first byte delayed only for tool-call answers.
 """
 
@@ -13,16 +13,13 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import httpx
 import orjson
 
-from app.proxy.restore import RestoreLoop, Send, restore_calls
-from app.proxy.sse_tap import Usage
+from app.proxy.restore import Dialect, Kind, RestoreLoop, Send
 from app.proxy.upstream import upstream_errors
-
-Kind = Literal["text", "tools"]
 
 
 @dataclass(slots=True)
@@ -55,23 +52,9 @@ def _events(data: bytes) -> list[dict[str, Any]]:
     return out
 
 
-def _kind(event: dict[str, Any]) -> Kind | None:
-    """What a chunk says the answer is; None while it says nothing yet (a role, empty text)."""
-    choices = event.get("choices")
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        return None
-    delta = choices[0].get("delta")
-    if isinstance(delta, dict):
-        if delta.get("tool_calls"):
-            return "tools"
-        if delta.get("content"):
-            return "text"
-    return "text" if choices[0].get("finish_reason") else None
-
-
-async def _first_kind(chunks: AsyncIterator[bytes]) -> tuple[Kind, bytes]:
+async def _first_kind(chunks: AsyncIterator[bytes], dialect: Dialect) -> tuple[Kind, bytes]:
     """Read until a complete line says the answer's kind (text when the body ends first or
-    is not a chat stream); returns it and the bytes read."""
+    is not an event stream); returns it and the bytes read."""
     head = bytearray()
     seen = 0  # `head[:seen]` holds complete lines already looked at
     async for chunk in chunks:
@@ -81,7 +64,7 @@ async def _first_kind(chunks: AsyncIterator[bytes]) -> tuple[Kind, bytes]:
             continue
         lines, seen = bytes(head[seen:end]), end
         for event in _events(lines):
-            kind = _kind(event)
+            kind = dialect.kind(event)
             if kind is not None:
                 return kind, bytes(head)
         if b"[DONE]" in lines:
@@ -89,47 +72,20 @@ async def _first_kind(chunks: AsyncIterator[bytes]) -> tuple[Kind, bytes]:
     return "text", bytes(head)
 
 
-def assemble(data: bytes) -> tuple[dict[str, Any], Usage | None]:
-    """A streamed answer as one assistant message (text and tool calls joined), and its
-    usage."""
-    content: list[str] = []
-    calls: dict[int, dict[str, Any]] = {}
-    usage: Usage | None = None
-    for event in _events(data):
-        usage = Usage.from_json(event.get("usage")) or usage
-        choices = event.get("choices")
-        delta = choices[0].get("delta") if isinstance(choices, list) and choices else None
-        if not isinstance(delta, dict):
-            continue
-        if isinstance(delta.get("content"), str):
-            content.append(delta["content"])
-        for part in delta.get("tool_calls") or ():
-            if not isinstance(part, dict):
-                continue
-            index = part.get("index", len(calls))
-            call = calls.setdefault(index, {"type": "function", "function": {"arguments": ""}})
-            call["id"] = part.get("id") or call.get("id")
-            function = part.get("function") or {}
-            if function.get("name"):
-                call["function"]["name"] = function["name"]
-            call["function"]["arguments"] += function.get("arguments") or ""
-    message: dict[str, Any] = {"role": "assistant", "content": "".join(content) or None}
-    message["tool_calls"] = [calls[k] for k in sorted(calls, key=str)]
-    return message, usage
-
-
 async def _read_rest(upstream: httpx.Response, chunks: AsyncIterator[bytes]) -> bytes:
     with upstream_errors(upstream.request.url, "stream"):
         return b"".join([chunk async for chunk in chunks])
 
 
-async def _look(upstream: httpx.Response) -> tuple[Kind, bytes, AsyncIterator[bytes]]:
+async def _look(
+    upstream: httpx.Response, dialect: Dialect
+) -> tuple[Kind, bytes, AsyncIterator[bytes]]:
     """The kind of a round's answer and what was read to know it; the upstream is closed when
     this fails."""
     chunks = upstream.aiter_bytes()
     try:
         with upstream_errors(upstream.request.url, "stream"):
-            kind, head = await _first_kind(chunks)
+            kind, head = await _first_kind(chunks, dialect)
     except BaseException:
         await upstream.aclose()
         raise
@@ -140,18 +96,18 @@ async def follow_stream(loop: RestoreLoop, upstream: httpx.Response, send: Send)
     """Run the loop on a stream whose first round (`upstream`, a success) has just started.
     Returns the round to relay; a later round's error response is returned unread."""
     while True:
-        kind, head, chunks = await _look(upstream)
+        kind, head, chunks = await _look(upstream, loop.dialect)
         if kind == "text" or not loop.offering:
             return Held(upstream, head, chunks)
         try:
             whole = head + await _read_rest(upstream, chunks)
         finally:
             await upstream.aclose()
-        message, usage = assemble(whole)
-        calls = restore_calls(message)
+        answer = loop.dialect.assemble(_events(whole))
+        calls = loop.dialect.calls(answer)
         if not calls:
             return Held(upstream, whole, _nothing())
-        loop.answer(message, calls, usage)
+        loop.answer(answer, calls)
         upstream = await send(loop.request())
         if upstream.status_code >= 400:
             return Held(upstream, b"", _nothing())

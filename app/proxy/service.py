@@ -22,7 +22,7 @@ from starlette.responses import Response
 from app.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
 from app.http.body import read_body
 from app.proxy.relay import RelayResponse, RelayResult, buffered_response
-from app.proxy.restore import RestoreLoop, Send, follow_json, restore_headers
+from app.proxy.restore import Dialect, RestoreLoop, Send, follow_json, restore_headers
 from app.proxy.restore_stream import follow_stream
 from app.proxy.sse_tap import SSETap, Usage
 from app.proxy.upstream import Upstream, filter_request_headers, filter_response_headers, read_all
@@ -60,6 +60,7 @@ class Api:
     error_body: Callable[[ProxyError], dict[str, Any]] = openai_error_body  # the error envelope
     # Anthropic's API: sent to INFLIGHT_ANTHROPIC_UPSTREAM_URL, its key in `x-api-key`.
     anthropic: bool = False
+    restore: Dialect | None = None  # how restore offers its tool here (None: not offered)
 
     def error_frame(self, error: ProxyError) -> bytes:
         """`error` as a final SSE event, for a stream that already started."""
@@ -266,13 +267,13 @@ class ApiService:
             return await self._buffered(exchange, upstream, content)
 
     def _restoring(self, exchange: Exchange) -> RestoreLoop | None:
-        """Restore's loop when it is on and has something to offer (chat only, DESIGN.md §11);
-        the forwarded body then offers the tool."""
-        compacted = exchange.compacted
-        if compacted is None or not compacted.refs or self.api.wire.api != "chat":
+        """Restore's loop when it is on and has something to offer on this API (DESIGN.md
+        §11); the forwarded body then offers the tool."""
+        compacted, dialect = exchange.compacted, self.api.restore
+        if compacted is None or not compacted.refs or dialect is None:
             return None
         room = compacted.budget - compacted.tokens_after
-        loop = RestoreLoop.start(compacted.body, compacted.refs, room)
+        loop = RestoreLoop.start(dialect, compacted.body, compacted.refs, room)
         if loop is not None:
             offered = loop.request()
             exchange.compacted = replace(compacted, body=offered, forward=orjson.dumps(offered))

@@ -137,6 +137,7 @@ class SSETap:
     _skip_blank: bool = field(default=False)
     _final_next: bool = False  # an `event:` line named a final event; its data line ends it
     _rewritten: bytes | None = None  # the line `_observe` just read, with the summed usage
+    _own: Usage | None = None  # an Anthropic stream's usage so far, without `carry`
 
     def feed(self, chunk: bytes) -> bytes:
         data = self._partial + chunk
@@ -180,7 +181,8 @@ class SSETap:
         holder = event.get("message") if event.get("type") == "message_start" else event
         usage = Usage.from_anthropic(holder.get("usage") if isinstance(holder, dict) else None)
         if usage is not None:
-            self.usage = usage if self.usage is None else self.usage.updated(usage)
+            self._own = usage if self._own is None else self._own.updated(usage)
+            self.usage = self._own if self.carry is None else self.carry.plus(self._own)
 
     def _observe(self, line: bytes) -> bool:
         """Read one line; True when it is the usage-only chunk (to cut when stripping)."""

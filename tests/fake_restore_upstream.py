@@ -48,6 +48,7 @@ class ScriptedUpstream:
             routes=[
                 Route("/v1/chat/completions", self._chat, methods=["POST"]),
                 Route("/v1/messages", self._messages, methods=["POST"]),
+                Route("/v1/responses", self._responses, methods=["POST"]),
             ]
         )
 
@@ -57,6 +58,47 @@ class ScriptedUpstream:
             "completion_tokens": 10 + k,
             "total_tokens": 1010 + 2 * k,
         }
+
+    async def _responses(self, request: Request) -> Response:
+        """The Responses API's shape; like OpenAI's, each response object echoes `tools`."""
+        raw = await request.body()
+        self.raw.append(raw)
+        body = orjson.loads(raw)
+        k = len(self.bodies)
+        self.bodies.append(body)
+        reply = self.replies[min(k, len(self.replies) - 1)]
+        output: list[dict[str, Any]] = [{"type": "reasoning", "id": f"rs_{k}", "summary": []}]
+        if reply.text:
+            text = {"type": "output_text", "text": reply.text, "annotations": []}
+            output.append({"type": "message", "id": f"msg_{k}", "role": "assistant",
+                           "status": "completed", "content": [text]})  # fmt: skip
+        for call in self._calls(reply, body, k):
+            function = call["function"]
+            output.append({"type": "function_call", "id": f"fc_{call['id']}", "status": "completed",
+                           "call_id": call["id"], "name": function["name"],
+                           "arguments": function["arguments"]})  # fmt: skip
+        usage = {"input_tokens": 1000 + k, "input_tokens_details": {"cached_tokens": 0},
+                 "output_tokens": 10 + k, "total_tokens": 1010 + 2 * k}  # fmt: skip
+        response = {"id": f"resp_{k}", "object": "response", "status": "completed",
+                    "model": body.get("model"), "output": output,
+                    "tools": body.get("tools") or [], "usage": usage}  # fmt: skip
+        if not body.get("stream"):
+            return JSONResponse(response)
+        return StreamingResponse(self._response_events(response), media_type="text/event-stream")
+
+    async def _response_events(self, response: dict[str, Any]) -> AsyncIterator[bytes]:
+        def event(kind: str, **fields: Any) -> bytes:
+            data = orjson.dumps({"type": kind, **fields})
+            return b"event: " + kind.encode() + b"\ndata: " + data + b"\n\n"
+
+        started = {**response, "status": "in_progress", "output": [], "usage": None}
+        yield event("response.created", response=started)
+        for index, item in enumerate(response["output"]):
+            yield event("response.output_item.added", output_index=index, item=item)
+            for part in item.get("content") or ():
+                yield event("response.output_text.delta", output_index=index, delta=part["text"])
+            yield event("response.output_item.done", output_index=index, item=item)
+        yield event("response.completed", response=response)
 
     def anthropic_usage(self, k: int) -> dict[str, Any]:
         return {"input_tokens": 1000 + k, "output_tokens": 10 + k}
@@ -125,7 +167,8 @@ class ScriptedUpstream:
             if call.ref is not None:
                 ref = call.ref
                 if ref == FIRST_REF:
-                    found = REF_SUFFIX_RE.search(orjson.dumps(body["messages"]).decode())
+                    history = body.get("messages", body.get("input"))
+                    found = REF_SUFFIX_RE.search(orjson.dumps(history).decode())
                     ref = found.group(1) if found else "none"
                 arguments = orjson.dumps({"ref": ref}).decode()
             function = {"name": call.name, "arguments": arguments}

@@ -10,10 +10,9 @@ asks again. At most `MAX_ROUNDS` upstream requests: the last one does not offer 
 the model must answer. The client never sees the tool, the calls or the extra messages; the
 usage it gets (and the one usage record) is the sum of every round.
 
-This module is the loop, on any API through its `Dialect` (where chat completions and
-Anthropic's Messages differ: `restore_chat.py`, `restore_messages.py`); `restore_stream.py`
-holds back a stream until its kind is known. The Responses API offers no tool (its answers
-echo `tools`); its markers still carry refs.
+This module is the loop, on any API through its `Dialect` (where the APIs differ:
+`restore_chat.py`, `restore_responses.py`, `restore_messages.py`); `restore_stream.py` holds
+back a stream until its kind is known.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import orjson
 
 from app.compaction.refs import REF_SUFFIX_RE
-from app.proxy.sse_tap import Usage
+from app.proxy.sse_tap import SSETap, Usage
 from app.proxy.upstream import read_all
 
 if TYPE_CHECKING:
@@ -55,6 +54,7 @@ class Dialect(Protocol):
     a stream's first events say."""
 
     history: str  # the body field that holds the conversation
+    call_key: str  # the field of a call that its answer names (`id`, `call_id`)
 
     def tool(self) -> dict[str, Any]: ...
 
@@ -80,6 +80,11 @@ class Dialect(Protocol):
 
     def with_usage(self, answer: dict[str, Any], total: Usage) -> dict[str, Any]:
         """The final answer stating the usage of every round."""
+        ...
+
+    def visible(self, answer: dict[str, Any]) -> dict[str, Any] | None:
+        """The answer as the client may see it, when showing it as it came would reveal the
+        tool (an API that echoes `tools`); None when it reveals nothing."""
         ...
 
     def kind(self, event: dict[str, Any]) -> Kind | None:
@@ -149,11 +154,12 @@ class RestoreLoop:
     def answer(self, answer: Any, calls: list[dict[str, Any]]) -> None:
         """Take in an answer that called the tool: its turn and the tool's answers join the
         conversation, and the next round begins."""
+        key = self.dialect.call_key
         named = [
-            {**call, "id": call.get("id") or f"inflight_restore_{self.rounds}_{k}"}
+            {**call, key: call.get(key) or f"inflight_restore_{self.rounds}_{k}"}
             for k, call in enumerate(calls)
         ]
-        texts = [(c["id"], self.resolve(self.dialect.arguments(c))) for c in named]
+        texts = [(c[key], self.resolve(self.dialect.arguments(c))) for c in named]
         self.extra += [*self.dialect.turn(answer, named), *self.dialect.replies(texts)]
         self.calls += len(named)
         usage = self.dialect.usage(answer)
@@ -189,12 +195,23 @@ class RestoreLoop:
         note = f"[{TOOL_NAME}: {len(original) - room} of {len(original)} chars not shown]"
         return f"{original[:head]}\n\n{note}\n\n{original[len(original) - tail :]}"
 
-    def final(self, answer: dict[str, Any]) -> bytes:
-        """The final JSON answer, its usage the sum of every round's."""
-        if self.usage is None:
-            return orjson.dumps(answer)
-        total = self.usage.plus(self.dialect.usage(answer))
-        return orjson.dumps(self.dialect.with_usage(answer, total))
+    def final(self, answer: dict[str, Any], content: bytes) -> bytes:
+        """The final JSON answer (`content`, parsed as `answer`): its usage the sum of every
+        round's, without the tool; the bytes as received when that changes nothing."""
+        shown = self.dialect.visible(answer)
+        if self.usage is None and shown is None:
+            return content
+        shown = answer if shown is None else shown
+        if self.usage is not None:
+            shown = self.dialect.with_usage(shown, self.usage.plus(self.dialect.usage(answer)))
+        return orjson.dumps(shown)
+
+    def prepare(self, tap: SSETap) -> None:
+        """Set up the tap of the stream relayed after the loop: the earlier rounds' usage to
+        add, and the tool to hide from the events that echo `tools`."""
+        tap.carry = self.usage
+        if self.dialect.visible({"tools": [self.dialect.tool()]}) is not None:
+            tap.hide_tool = TOOL_NAME
 
 
 def restore_headers(loop: RestoreLoop) -> dict[str, str]:
@@ -225,7 +242,7 @@ async def follow_json(
             return upstream, content
         calls = loop.dialect.calls(answer)
         if not calls or not loop.offering:
-            return upstream, loop.final(answer) if loop.rounds > 1 else content
+            return upstream, loop.final(answer, content)
         loop.answer(answer, calls)
         upstream = await send(loop.request())
         content = await read_all(upstream)

@@ -28,6 +28,7 @@ class ChatDialect:
     """`POST /v1/chat/completions`."""
 
     history = "messages"
+    call_key = "id"
 
     def tool(self) -> dict[str, Any]:
         function = {"name": TOOL_NAME, "description": DESCRIPTION, "parameters": PARAMETERS}
@@ -64,6 +65,9 @@ class ChatDialect:
 
     def with_usage(self, answer: dict[str, Any], total: Usage) -> dict[str, Any]:
         return {**answer, "usage": total.as_chat(answer.get("usage"))}
+
+    def visible(self, answer: dict[str, Any]) -> dict[str, Any] | None:
+        return None  # the answer never echoes the request's tools
 
     def kind(self, event: dict[str, Any]) -> Kind | None:
         choices = event.get("choices")

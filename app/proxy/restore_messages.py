@@ -24,6 +24,7 @@ class MessagesDialect:
     """`POST /v1/messages`."""
 
     history = "messages"
+    call_key = "id"
 
     def tool(self) -> dict[str, Any]:
         return {"name": TOOL_NAME, "description": DESCRIPTION, "input_schema": PARAMETERS}
@@ -70,6 +71,9 @@ class MessagesDialect:
         if written or "cache_creation_input_tokens" in usage:
             usage["cache_creation_input_tokens"] = written
         return {**answer, "usage": usage}
+
+    def visible(self, answer: dict[str, Any]) -> dict[str, Any] | None:
+        return None  # the answer never echoes the request's tools
 
     def kind(self, event: dict[str, Any]) -> Kind | None:
         kind = event.get("type")

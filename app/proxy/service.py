@@ -293,7 +293,8 @@ class ApiService:
             upstream, content = await follow_json(loop, upstream, send)
         else:
             held = await follow_stream(loop, upstream, send)
-            upstream, tap.carry = held.upstream, loop.usage
+            upstream = held.upstream
+            loop.prepare(tap)
         if exchange.compacted is not None and loop.rounds > 1:
             report = {**exchange.compacted.headers, **restore_headers(loop)}
             exchange.compacted = replace(exchange.compacted, headers=report)

@@ -99,6 +99,16 @@ class Usage:
             out["prompt_tokens_details"] = {**details, "cached_tokens": self.cached_tokens}
         return out
 
+    def as_responses(self, original: Any) -> dict[str, Any]:
+        """A Responses `usage` object: `original` (other fields kept) with these counts."""
+        out = dict(original) if isinstance(original, dict) else {}
+        prompt, completion = self.prompt_tokens or 0, self.completion_tokens or 0
+        out.update(input_tokens=prompt, output_tokens=completion, total_tokens=prompt + completion)
+        details = out.get("input_tokens_details")
+        if self.cached_tokens is not None and isinstance(details, dict):
+            out["input_tokens_details"] = {**details, "cached_tokens": self.cached_tokens}
+        return out
+
     def updated(self, later: Usage) -> Usage:
         """This usage with what a later report states (a stream's `message_delta`)."""
         return Usage(
@@ -107,6 +117,16 @@ class Usage:
             _first(later.cached_tokens, self.cached_tokens),
             _first(later.cache_write_tokens, self.cache_write_tokens),
         )
+
+
+def without_tool(holder: Any, name: str) -> dict[str, Any] | None:
+    """`holder` (a Responses response object) without the tool `name` in its echoed `tools`;
+    None when it has no such tool."""
+    tools = holder.get("tools") if isinstance(holder, dict) else None
+    if not isinstance(tools, list):
+        return None
+    kept = [t for t in tools if not (isinstance(t, dict) and t.get("name") == name)]
+    return None if len(kept) == len(tools) else {**holder, "tools": kept}
 
 
 def _first(*values: int | None) -> int | None:
@@ -130,6 +150,9 @@ class SSETap:
     # restore's earlier rounds: added to the usage read, and the chat usage chunk the client
     # sees states the sum (the chunk is re-encoded; every other line passes untouched)
     carry: Usage | None = None
+    # restore on the Responses API: its tool, taken out of every response object an event
+    # echoes (those lines are re-encoded; the others pass untouched)
+    hide_tool: str | None = None
     usage: Usage | None = None
     done: bool = False
     error: Any = None
@@ -143,7 +166,7 @@ class SSETap:
         data = self._partial + chunk
         cut = data.rfind(b"\n") + 1
         complete, self._partial = data[:cut], data[cut:]
-        rebuild = self.strip_usage_chunk or self.carry is not None
+        rebuild = self.strip_usage_chunk or self.carry is not None or self.hide_tool is not None
         if not complete:
             return b"" if rebuild else chunk
         if not rebuild:
@@ -175,6 +198,21 @@ class SSETap:
                 rest, self._rewritten = self._rewritten, None
         return rest if self.strip_usage_chunk or self.carry is not None else b""
 
+    def _hide(self, payload: bytes) -> None:
+        """Take the hidden tool out of the response object an event line carries."""
+        try:
+            event = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            return
+        response = event.get("response") if isinstance(event, dict) else None
+        shown = without_tool(response, self.hide_tool or "")
+        if shown is None:
+            return
+        usage = Usage.from_json(shown.get("usage"))
+        if self.carry is not None and usage is not None:  # the response states every round's
+            shown["usage"] = self.carry.plus(usage).as_responses(shown.get("usage"))
+        self._rewritten = b"data: " + orjson.dumps({**event, "response": shown})
+
     def _anthropic_usage(self, event: dict[str, Any]) -> None:
         """Anthropic's stream states usage in `message_start` (inside the message) and completes
         it in each `message_delta` (output tokens; on newer servers the prompt's parts too)."""
@@ -192,6 +230,8 @@ class SSETap:
         if not line.startswith(b"data:"):
             return False
         payload = line[5:].strip()
+        if self.hide_tool is not None and self.hide_tool.encode() in payload:
+            self._hide(payload)
         if payload == b"[DONE]" or self._final_next:
             self.done = True
             if payload == b"[DONE]":
@@ -218,9 +258,8 @@ class SSETap:
         usage = Usage.from_json(inner.get("usage"))
         if usage is None:
             return False
-        self.usage = usage
-        if self.carry is not None and inner is event:
-            self.usage = self.carry.plus(usage)
+        self.usage = usage if self.carry is None else self.carry.plus(usage)
+        if self.carry is not None and inner is event:  # chat's usage chunk states the sum
             summed = {**event, "usage": self.usage.as_chat(event.get("usage"))}
             self._rewritten = b"data: " + orjson.dumps(summed)
         choices = event.get("choices")

@@ -52,6 +52,15 @@ class ScriptedUpstream:
             ]
         )
 
+    async def _next(self, request: Request) -> tuple[dict[str, Any], int, Reply]:
+        """The request's body (recorded), its number, and the reply scripted for it."""
+        raw = await request.body()
+        self.raw.append(raw)
+        body = orjson.loads(raw)
+        k = len(self.bodies)
+        self.bodies.append(body)
+        return body, k, self.replies[min(k, len(self.replies) - 1)]
+
     def usage(self, k: int) -> dict[str, Any]:
         return {
             "prompt_tokens": 1000 + k,
@@ -61,12 +70,7 @@ class ScriptedUpstream:
 
     async def _responses(self, request: Request) -> Response:
         """The Responses API's shape; like OpenAI's, each response object echoes `tools`."""
-        raw = await request.body()
-        self.raw.append(raw)
-        body = orjson.loads(raw)
-        k = len(self.bodies)
-        self.bodies.append(body)
-        reply = self.replies[min(k, len(self.replies) - 1)]
+        body, k, reply = await self._next(request)
         output: list[dict[str, Any]] = [{"type": "reasoning", "id": f"rs_{k}", "summary": []}]
         if reply.text:
             text = {"type": "output_text", "text": reply.text, "annotations": []}
@@ -104,12 +108,7 @@ class ScriptedUpstream:
         return {"input_tokens": 1000 + k, "output_tokens": 10 + k}
 
     async def _messages(self, request: Request) -> Response:
-        raw = await request.body()
-        self.raw.append(raw)
-        body = orjson.loads(raw)
-        k = len(self.bodies)
-        self.bodies.append(body)
-        reply = self.replies[min(k, len(self.replies) - 1)]
+        body, k, reply = await self._next(request)
         blocks: list[dict[str, Any]] = [{"type": "text", "text": reply.text}] if reply.text else []
         for call in self._calls(reply, body, k):
             function = call["function"]
@@ -176,12 +175,7 @@ class ScriptedUpstream:
         return out
 
     async def _chat(self, request: Request) -> Response:
-        raw = await request.body()
-        self.raw.append(raw)
-        body = orjson.loads(raw)
-        k = len(self.bodies)
-        self.bodies.append(body)
-        reply = self.replies[min(k, len(self.replies) - 1)]
+        body, k, reply = await self._next(request)
         calls = self._calls(reply, body, k)
         if body.get("stream"):
             usage = (body.get("stream_options") or {}).get("include_usage") is True

@@ -5,7 +5,6 @@ round's usage is recorded."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import openai
@@ -15,17 +14,7 @@ from app.factory import create_app
 from app.proxy.restore import MAX_ROUNDS, TOOL_NAME
 from tests.conftest import make_settings
 from tests.servers import WatchedStore, serve
-
-LLM_URL = os.environ.get("INFLIGHT_TEST_LLM_URL")
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.llm,
-    pytest.mark.skipif(
-        not LLM_URL,
-        reason="INFLIGHT_TEST_LLM_URL is unset (start ../shared/local-llm/start.sh and export it)",
-    ),
-]
-MODEL = "qwen2.5-coder-0.5b-instruct"
+from tests.test_e2e_llm import LLM_URL, MODEL, pytestmark  # noqa: F401 (the llm tier)
 
 
 def conversation() -> list[dict[str, str]]:

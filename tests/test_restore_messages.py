@@ -4,22 +4,16 @@ round cap, a client tool in the same turn; the client never sees the tool, usage
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
 import orjson
 import pytest
 
-from app.factory import create_app
 from app.proxy.restore import MAX_ROUNDS, TOOL_NAME
-from tests.conftest import make_settings
 from tests.fake_anthropic_upstream import rule_violations
 from tests.fake_restore_upstream import FIRST_REF, Call, Reply, ScriptedUpstream
-from tests.servers import WatchedStore
-from tests.test_restore_route import ANSWER, OUTPUT, RESTORE, SECRET
+from tests.test_restore_route import ANSWER, OUTPUT, RESTORE, SECRET, proxy
 
 pytestmark = pytest.mark.anyio
 
@@ -41,20 +35,6 @@ BODY: dict[str, Any] = {
         {"role": "user", "content": "So, what is the vault code?"},
     ],
 }
-
-
-@asynccontextmanager
-async def proxy(
-    tmp_path: Path, upstream: ScriptedUpstream
-) -> AsyncIterator[tuple[httpx.AsyncClient, WatchedStore]]:
-    store = WatchedStore()
-    settings = make_settings(tmp_path, anthropic_upstream_url="http://anthropic.test/v1")
-    app = create_app(settings, transport=httpx.ASGITransport(app=upstream.app), store=store)
-    async with (
-        app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://p") as client,
-    ):
-        yield client, store
 
 
 def offered(body: dict[str, Any]) -> bool:

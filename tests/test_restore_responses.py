@@ -5,22 +5,16 @@ is scrubbed of the proxy's tool, and usage is summed."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
 import orjson
 import pytest
 
-from app.factory import create_app
 from app.proxy.restore import TOOL_NAME
-from tests.conftest import make_settings
 from tests.fake_responses_upstream import pairing_problem
 from tests.fake_restore_upstream import FIRST_REF, Call, Reply, ScriptedUpstream
-from tests.servers import WatchedStore
-from tests.test_restore_route import ANSWER, CHAT, RESTORE, SECRET
+from tests.test_restore_route import ANSWER, CHAT, RESTORE, SECRET, proxy
 
 pytestmark = pytest.mark.anyio
 
@@ -36,21 +30,6 @@ BODY: dict[str, Any] = {
         {"role": "user", "content": "So, what is the vault code?"},
     ],
 }
-
-
-@asynccontextmanager
-async def proxy(
-    tmp_path: Path, upstream: ScriptedUpstream
-) -> AsyncIterator[tuple[httpx.AsyncClient, WatchedStore]]:
-    store = WatchedStore()
-    app = create_app(
-        make_settings(tmp_path), transport=httpx.ASGITransport(app=upstream.app), store=store
-    )
-    async with (
-        app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://p") as client,
-    ):
-        yield client, store
 
 
 def offered(body: dict[str, Any]) -> bool:

@@ -52,7 +52,9 @@ ANSWER = Reply(text="The code is 4471-KESTREL")
 async def proxy(
     tmp_path: Path, upstream: ScriptedUpstream, **settings: Any
 ) -> AsyncIterator[tuple[httpx.AsyncClient, WatchedStore]]:
+    """The proxy in front of `upstream` (every API's upstream), its client and usage store."""
     store = WatchedStore()
+    settings.setdefault("anthropic_upstream_url", "http://upstream.test/v1")
     app = create_app(
         make_settings(tmp_path, **settings),
         transport=httpx.ASGITransport(app=upstream.app),

@@ -102,6 +102,12 @@ def marked_refs(history: Any, refs: Mapping[str, str]) -> bool:
     return any(m.group(1) in refs for m in REF_SUFFIX_RE.finditer(text))
 
 
+def dicts_in(answer: Any, key: str) -> list[dict[str, Any]]:
+    """The objects in the list `answer[key]` (an answer's output items or content blocks)."""
+    found = answer.get(key) if isinstance(answer, dict) else None
+    return [x for x in found if isinstance(x, dict)] if isinstance(found, list) else []
+
+
 def names_tool(tools: Any, name_of: Callable[[dict[str, Any]], Any]) -> bool:
     """Whether the client's own `tools` already name one `inflight_restore`."""
     return isinstance(tools, list) and any(

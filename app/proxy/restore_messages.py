@@ -9,15 +9,10 @@ from typing import Any
 
 import orjson
 
-from app.proxy.restore import DESCRIPTION, PARAMETERS, TOOL_NAME, Kind, names_tool
+from app.proxy.restore import DESCRIPTION, PARAMETERS, TOOL_NAME, Kind, dicts_in, names_tool
 from app.proxy.sse_tap import Usage
 
 KEPT = ("thinking", "redacted_thinking", "text")  # blocks the appended turn keeps (signed)
-
-
-def _blocks(answer: Any) -> list[dict[str, Any]]:
-    content = answer.get("content") if isinstance(answer, dict) else None
-    return [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []
 
 
 class MessagesDialect:
@@ -37,7 +32,9 @@ class MessagesDialect:
 
     def calls(self, answer: Any) -> list[dict[str, Any]]:
         return [
-            b for b in _blocks(answer) if b.get("type") == "tool_use" and b.get("name") == TOOL_NAME
+            b
+            for b in dicts_in(answer, "content")
+            if b.get("type") == "tool_use" and b.get("name") == TOOL_NAME
         ]
 
     def arguments(self, call: Mapping[str, Any]) -> Any:
@@ -47,7 +44,7 @@ class MessagesDialect:
         """Thinking (its signature kept: Anthropic checks it), non-empty text, the calls."""
         kept = [
             b
-            for b in _blocks(answer)
+            for b in dicts_in(answer, "content")
             if b.get("type") in KEPT and (b.get("type") != "text" or b.get("text"))
         ]
         return [{"role": "assistant", "content": [*kept, *calls]}]

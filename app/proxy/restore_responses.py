@@ -8,15 +8,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from app.proxy.restore import DESCRIPTION, PARAMETERS, TOOL_NAME, Kind, names_tool
+from app.proxy.restore import DESCRIPTION, PARAMETERS, TOOL_NAME, Kind, dicts_in, names_tool
 from app.proxy.sse_tap import Usage, without_tool
 
 CARRIED = ("reasoning",)  # output items a restore turn passes back with its calls
-
-
-def _items(answer: Any) -> list[dict[str, Any]]:
-    output = answer.get("output") if isinstance(answer, dict) else None
-    return [i for i in output if isinstance(i, dict)] if isinstance(output, list) else []
 
 
 class ResponsesDialect:
@@ -42,7 +37,7 @@ class ResponsesDialect:
     def calls(self, answer: Any) -> list[dict[str, Any]]:
         return [
             i
-            for i in _items(answer)
+            for i in dicts_in(answer, "output")
             if i.get("type") == "function_call" and i.get("name") == TOOL_NAME
         ]
 
@@ -52,7 +47,7 @@ class ResponsesDialect:
     def turn(self, answer: Any, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The answer's reasoning items (a reasoning model needs them with its calls) and the
         restore calls."""
-        return [*(i for i in _items(answer) if i.get("type") in CARRIED), *calls]
+        return [*(i for i in dicts_in(answer, "output") if i.get("type") in CARRIED), *calls]
 
     def replies(self, answers: list[tuple[str, str]]) -> list[dict[str, Any]]:
         return [

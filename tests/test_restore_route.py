@@ -251,3 +251,26 @@ async def test_restore_on_by_setting_and_a_cut_answer_says_so(tmp_path: Path) ->
     answer = upstream.bodies[1]["messages"][-1]["content"]
     assert "chars not shown]" in answer
     assert len(answer) < 8192 * 3
+
+
+async def test_the_summed_usage_of_several_rounds_does_not_calibrate_the_counter(
+    tmp_path: Path,
+) -> None:
+    """Restore's usage is the sum of several prompts: the counter must not learn from it (a
+    single round's usage, tool definition included, still calibrates)."""
+    count_body = {"model": "gpt-4o-mini", "messages": CHAT["messages"]}
+
+    async def counted(client: httpx.AsyncClient) -> int:
+        response = await client.post("/v1/compaction/count", json=count_body)
+        return int(response.json()["prompt_tokens"])
+
+    restore = Reply(calls=(Call(TOOL_NAME, FIRST_REF),))
+    upstream = ScriptedUpstream([restore, ANSWER, ANSWER])
+    async with proxy(tmp_path, upstream) as (client, store):
+        before = await counted(client)
+        await client.post("/v1/chat/completions", json=CHAT, headers=RESTORE)  # 2 rounds
+        await store.written(1)
+        assert await counted(client) == before
+        await client.post("/v1/chat/completions", json=CHAT, headers=RESTORE)  # 1 round
+        await store.written(2)
+        assert await counted(client) != before

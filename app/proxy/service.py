@@ -86,6 +86,7 @@ class Exchange:
     started: float = field(default_factory=time.perf_counter)
     retried: bool = False
     upstream_truncated: bool = False  # the upstream cut the prompt silently (DESIGN.md §11)
+    rounds: int = 1  # upstream requests restore made for it (usage is their sum)
 
     @property
     def route(self) -> str:
@@ -105,8 +106,9 @@ class Exchange:
 
     @property
     def view(self) -> Mapping[str, Any] | None:
-        """The chat-shaped view of what was sent (for calibrating the counter), if compacted."""
-        return None if self.compacted is None else self.compacted.view
+        """The chat-shaped view of what was sent (for calibrating the counter), if compacted
+        and sent once (restore's rounds sum several prompts' usage)."""
+        return None if self.compacted is None or self.rounds > 1 else self.compacted.view
 
     @property
     def tokens_before(self) -> int:
@@ -276,7 +278,10 @@ class ApiService:
         loop = RestoreLoop.start(dialect, compacted.body, compacted.refs, room)
         if loop is not None:
             offered = loop.request()
-            exchange.compacted = replace(compacted, body=offered, forward=orjson.dumps(offered))
+            view = {**compacted.view, "tools": [*compacted.view.get("tools", ()), dialect.tool()]}
+            exchange.compacted = replace(
+                compacted, body=offered, forward=orjson.dumps(offered), view=view
+            )
         return loop
 
     async def _restored(
@@ -295,6 +300,7 @@ class ApiService:
             held = await follow_stream(loop, upstream, send)
             upstream = held.upstream
             loop.prepare(tap)
+        exchange.rounds = loop.rounds
         if exchange.compacted is not None and loop.rounds > 1:
             report = {**exchange.compacted.headers, **restore_headers(loop)}
             exchange.compacted = replace(exchange.compacted, headers=report)
@@ -326,7 +332,7 @@ class ApiService:
         """Whether the upstream silently cut what was sent, by the usage it reported: then the
         window is learned and logged, and a JSON answer says so (DESIGN.md §11)."""
         usage, sent = exchange.usage, exchange.compacted
-        if usage is not None and sent is not None:
+        if usage is not None and sent is not None and exchange.rounds == 1:  # one prompt's usage
             exchange.upstream_truncated = self._compactor.upstream_truncated(
                 exchange.model, sent, base_url, usage.prompt_tokens
             )

@@ -18,7 +18,7 @@ back a stream until its kind is known.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import orjson
@@ -29,6 +29,8 @@ from app.proxy.upstream import read_all
 
 if TYPE_CHECKING:
     import httpx
+
+    from app.compaction.service import Compacted
 
 TOOL_NAME = "inflight_restore"
 MAX_ROUNDS = 3  # upstream requests per client request; the last one does not offer the tool
@@ -218,6 +220,21 @@ class RestoreLoop:
         tap.carry = self.usage
         if self.dialect.visible({"tools": [self.dialect.tool()]}) is not None:
             tap.hide_tool = TOOL_NAME
+
+
+def offer(compacted: Compacted, dialect: Dialect) -> tuple[RestoreLoop, Compacted] | None:
+    """Restore's loop for what the compaction service decided to forward, and that decision
+    now offering the tool (the counter's view too: its tokens are in the prompt); None when
+    restore is off or has nothing to offer (what is forwarded does not change)."""
+    if not compacted.refs:
+        return None
+    room = compacted.budget - compacted.tokens_after
+    loop = RestoreLoop.start(dialect, compacted.body, compacted.refs, room)
+    if loop is None:
+        return None
+    body = loop.request()
+    view = {**compacted.view, "tools": [*compacted.view.get("tools", ()), dialect.tool()]}
+    return loop, replace(compacted, body=body, forward=orjson.dumps(body), view=view)
 
 
 def restore_headers(loop: RestoreLoop) -> dict[str, str]:

@@ -22,7 +22,7 @@ from starlette.responses import Response
 from app.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
 from app.http.body import read_body
 from app.proxy.relay import RelayResponse, RelayResult, buffered_response
-from app.proxy.restore import Dialect, RestoreLoop, Send, follow_json, restore_headers
+from app.proxy.restore import Dialect, RestoreLoop, Send, follow_json, offer, restore_headers
 from app.proxy.restore_stream import follow_stream
 from app.proxy.sse_tap import SSETap, Usage
 from app.proxy.upstream import Upstream, filter_request_headers, filter_response_headers, read_all
@@ -271,17 +271,12 @@ class ApiService:
     def _restoring(self, exchange: Exchange) -> RestoreLoop | None:
         """Restore's loop when it is on and has something to offer on this API (DESIGN.md
         §11); the forwarded body then offers the tool."""
-        compacted, dialect = exchange.compacted, self.api.restore
-        if compacted is None or not compacted.refs or dialect is None:
+        if exchange.compacted is None or self.api.restore is None:
             return None
-        room = compacted.budget - compacted.tokens_after
-        loop = RestoreLoop.start(dialect, compacted.body, compacted.refs, room)
-        if loop is not None:
-            offered = loop.request()
-            view = {**compacted.view, "tools": [*compacted.view.get("tools", ()), dialect.tool()]}
-            exchange.compacted = replace(
-                compacted, body=offered, forward=orjson.dumps(offered), view=view
-            )
+        offered = offer(exchange.compacted, self.api.restore)
+        if offered is None:
+            return None
+        loop, exchange.compacted = offered
         return loop
 
     async def _restored(

@@ -7,7 +7,9 @@ from typing import Any
 
 import orjson
 
+from app.compaction.cuts import cuts_of
 from app.compaction.engine import SPAN_MARKER, SUMMARY_PREFIX, compact, marker_tokens
+from app.compaction.formats import Conversation
 from app.compaction.policy import Budget, StrategyName
 from app.compaction.prune import PLACEHOLDER
 from app.compaction.refs import REF_SUFFIX_RE, ref_for, ref_suffix
@@ -215,3 +217,25 @@ def test_no_loop_without_a_resolvable_marker() -> None:
         RestoreLoop.start(ChatDialect(), {**body, "tool_choice": "none"}, {"abcdef123456": "t"}, 1)
         is None
     )
+
+
+def test_every_ref_the_ledger_records_resolves_too() -> None:
+    """The ledger names each cut message by the ref of its whole content (app/compaction/
+    cuts.py): restore resolves those as well, truncated, pruned or trimmed."""
+    giant = "start " + "g" * 80_000 + " end"
+    parts = [{"type": "text", "text": "p" * 30_000}, {"type": "text", "text": "q" * 30_000}]
+    messages = [
+        *conversation(40),
+        *tool_round(98, giant),
+        {"role": "assistant", "content": None, "tool_calls": [call("c99")]},
+        {"role": "tool", "tool_call_id": "c99", "content": parts},
+        {"role": "user", "content": "and?"},
+    ]
+    result = compact(messages, AUTO, BUDGET, simple_count, 0, restore=True)
+    cuts = cuts_of(Conversation(messages=messages, fixed={}), result, [1] * len(messages), False)
+    kinds = {cut.kind for cut in cuts}
+    assert {"truncated", "pruned", "trimmed"} <= kinds
+    originals = restorable(messages, result.plan)
+    for cut in cuts:
+        assert cut.ref in originals
+    assert giant in originals.values()

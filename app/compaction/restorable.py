@@ -1,4 +1,5 @@
-"""What `inflight_restore` can hand back: every ref a plan's markers carry, mapped to the original.
+"""What `inflight_restore` can hand back: every ref a plan's markers (and the ledger) carry,
+mapped to the original.
 
 Restore stores nothing (DESIGN.md §11): the client resends its whole history, so the refs of a
 request's markers resolve against the messages of that very request. This module replays the
@@ -76,8 +77,11 @@ def _unit_refs(
     protect = the_plan.protect if i < len(the_plan.units) - 1 else frozenset()
     if i in the_plan.truncated:
         deep = i in the_plan.deep
-        for position, part, text in unit_texts(chunk, deep=deep, start=unit.start, protect=protect):
+        found = unit_texts(chunk, deep=deep, start=unit.start, protect=protect)
+        for position, part, text in found:
             out[ref_for(position, text, part)] = text
+        for position in {position for position, _, _ in found}:
+            _whole(messages, position, out)
     if i < the_plan.pruned_before and unit.kind in TOOL_KINDS:
         names = tool_names(chunk)
         for offset in range(1, len(chunk)):
@@ -87,13 +91,24 @@ def _unit_refs(
 
 
 def restorable(messages: Sequence[Mapping[str, Any]], the_plan: Plan) -> dict[str, str]:
-    """Every ref the plan's markers carry (and the span marker, restoring), mapped to the
-    original text it stands for. `messages` are those the plan was made for."""
+    """Every ref the plan's markers carry (and the span marker, restoring; and the ledger's
+    per-message refs), mapped to the original text it stands for. `messages` are those the
+    plan was made for."""
     out: dict[str, str] = {}
     for i in range(len(the_plan.units)):
         if the_plan.kept(i) and (i in the_plan.truncated or i < the_plan.pruned_before):
             _unit_refs(messages, the_plan, i, out)
+    removed = removed_positions(the_plan)
     ref = span_ref(the_plan, messages)
     if ref is not None:
-        out[ref] = transcript(messages, removed_positions(the_plan))
+        out[ref] = transcript(messages, removed)
+    for position in removed:
+        _whole(messages, position, out)
     return out
+
+
+def _whole(messages: Sequence[Mapping[str, Any]], position: int, out: dict[str, str]) -> None:
+    """The ref of a cut message's whole content (the ledger's `ref`, app/compaction/cuts.py),
+    so a ref read from the ledger resolves too."""
+    content = messages[position].get("content")
+    out.setdefault(ref_for(position, content), as_text(content))

@@ -120,6 +120,8 @@ def main() -> None:
     if "facts" in only and llm:
         print("## Fact retention: summarize vs trim (real model)\n")
         print(facts.retention(llm) + "\n")
+        print("## Facts answered: trim, summarize, each with and without restore (real model)\n")
+        print(facts.answers(llm) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,18 +1,25 @@
-"""Fact retention of `summarize` against `trim`, with the real llama.cpp model.
+"""Fact retention of `summarize` against `trim`, with and without restore, with the real model.
 
 Conversations plant facts (names, numbers, file paths) in their early turns, then grow with
-filler until compaction must remove those turns. The compacted prompt (from
+filler until compaction must remove those turns. `retention`: the compacted prompt (from
 `POST /v1/compaction/preview`, so only the summary calls run the model) is searched for each
-planted fact, verbatim. Needs INFLIGHT_TEST_LLM_URL (../shared/local-llm).
+planted fact, verbatim. `answers`: the model is asked for the facts through the proxy, with
+trim, trim + restore, summarize and summarize + restore, and its answer is searched for them;
+with restore on it may call `inflight_restore` (the proxy answers it: the calls and rounds
+come from the `X-Compaction-Restore-*` headers). Needs INFLIGHT_TEST_LLM_URL
+(../shared/local-llm).
 """
 
 from __future__ import annotations
 
 import random
 import statistics
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+import httpx
 
 from bench.procs import proxy_in_process
 
@@ -62,8 +69,11 @@ def conversation(seed: int) -> tuple[list[dict[str, str]], list[str]]:
     return messages, facts
 
 
+MODEL = "qwen2.5-coder-0.5b-instruct"
+
+
 def retention(llm_url: str, conversations: int = 3, window: int = 1600) -> str:
-    model = "qwen2.5-coder-0.5b-instruct"
+    model = MODEL
 
     async def run() -> dict[str, list[float]]:
         shares: dict[str, list[float]] = {"summarize": [], "trim": []}
@@ -101,7 +111,98 @@ def retention(llm_url: str, conversations: int = 3, window: int = 1600) -> str:
     return "\n".join(lines)
 
 
+QUESTION = (
+    "What are the project's codename, its owner, the port, the config path and the library "
+    "version? Answer with the exact values."
+)
+VARIANTS: dict[str, tuple[str, str]] = {  # name -> (strategy, restore)
+    "trim": ("trim", "off"),
+    "trim + restore": ("trim", "on"),
+    "summarize": ("summarize", "off"),
+    "summarize + restore": ("summarize", "on"),
+}
+
+
+@dataclass
+class Outcome:
+    """One variant's results over the conversations."""
+
+    correct: list[float] = field(default_factory=list)  # share of facts in each answer
+    calls: int = 0  # inflight_restore calls the model made
+    rounds: list[int] = field(default_factory=list)  # upstream requests per answer
+    seconds: list[float] = field(default_factory=list)
+    errors: int = 0
+
+
+async def _ask(
+    client: httpx.AsyncClient, messages: list[dict[str, str]], variant: str, window: int
+) -> tuple[str, int, int, float]:
+    """The model's answer through the proxy, restore calls, rounds, and the wall time."""
+    strategy, restore = VARIANTS[variant]
+    asked = [*messages[:-1], {"role": "user", "content": QUESTION}]
+    started = time.perf_counter()
+    response = await client.post(
+        "/v1/chat/completions",
+        json={"model": MODEL, "messages": asked, "max_tokens": 96, "temperature": 0},
+        headers={
+            "X-Compaction-Strategy": strategy,
+            "X-Compaction-Context-Limit": str(window),
+            "X-Compaction-Restore": restore,
+        },
+    )
+    seconds = time.perf_counter() - started
+    response.raise_for_status()
+    text = str(response.json()["choices"][0]["message"].get("content") or "")
+    calls = int(response.headers.get("x-compaction-restore-calls", "0"))
+    rounds = int(response.headers.get("x-compaction-restore-rounds", "1"))
+    return text, calls, rounds, seconds
+
+
+def answers(llm_url: str, conversations: int = 3, window: int = 1600) -> str:
+    """Facts the model states correctly per variant, with the restore calls it made."""
+
+    async def run() -> dict[str, Outcome]:
+        outcomes = {variant: Outcome() for variant in VARIANTS}
+        async with proxy_in_process(llm_url) as client:
+            for seed in range(conversations):
+                messages, facts = conversation(seed)
+                for variant, outcome in outcomes.items():
+                    try:
+                        text, calls, rounds, seconds = await _ask(client, messages, variant, window)
+                    except httpx.HTTPError:
+                        outcome.errors += 1
+                        continue
+                    outcome.correct.append(sum(f in text for f in facts) / len(facts))
+                    outcome.calls += calls
+                    outcome.rounds.append(rounds)
+                    outcome.seconds.append(seconds)
+        return outcomes
+
+    outcomes = anyio.run(run)
+    lines = [
+        f"{conversations} conversations, the same 5 planted facts, compacted for a {window}-token "
+        "window; the real Qwen2.5-Coder-0.5B (llama.cpp, temperature 0) is asked for them through "
+        "the proxy, and its answer is searched for each fact verbatim:\n",
+        "| variant | facts answered (mean) | per conversation | restore calls | rounds "
+        "(mean) | wall time (mean) | errors |",
+        "|---|---:|---|---:|---:|---:|---:|",
+    ]
+    for variant, o in outcomes.items():
+        per = ", ".join(f"{v:.0%}" for v in o.correct)
+        mean = statistics.mean(o.correct) if o.correct else 0.0
+        rounds = statistics.mean(o.rounds) if o.rounds else 0.0
+        seconds = statistics.mean(o.seconds) if o.seconds else 0.0
+        lines.append(
+            f"| {variant} | {mean:.0%} | {per} | {o.calls} | {rounds:.1f} | {seconds:.1f} s "
+            f"| {o.errors} |"
+        )
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
     import os
 
-    print(retention(os.environ["INFLIGHT_TEST_LLM_URL"]))
+    url = os.environ["INFLIGHT_TEST_LLM_URL"]
+    print(retention(url))
+    print()
+    print(answers(url))

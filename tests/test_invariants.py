@@ -6,13 +6,21 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.compaction.engine import CompactionResult, compact, summary_message
+from app.compaction.engine import (
+    CompactionResult,
+    compact,
+    marker_tokens,
+    summary_message,
+)
 from app.compaction.planner import Plan, plan, render, render_span
 from app.compaction.policy import Budget, StrategyName
+from app.compaction.refs import REF_SUFFIX_RE
+from app.compaction.restorable import restorable, span_ref
 from app.compaction.summary.rolling import summary_budget
 from app.compaction.truncate import truncate_unit
 from app.compaction.units import (
@@ -49,9 +57,12 @@ TURN_BY_TURN = settings(max_examples=25, deadline=None, suppress_health_check=_S
 
 
 def run(
-    messages: Sequence[Mapping[str, Any]], pipeline: tuple[StrategyName, ...], window: int
+    messages: Sequence[Mapping[str, Any]],
+    pipeline: tuple[StrategyName, ...],
+    window: int,
+    restore: bool = False,
 ) -> CompactionResult:
-    return compact(messages, pipeline, budget_for(window), simple_count, 0)
+    return compact(messages, pipeline, budget_for(window), simple_count, 0, restore=restore)
 
 
 def budget_for(window: int) -> Budget:
@@ -59,28 +70,34 @@ def budget_for(window: int) -> Budget:
 
 
 def check_all(
-    messages: list[dict[str, Any]], pipeline: tuple[StrategyName, ...], window: int
+    messages: list[dict[str, Any]],
+    pipeline: tuple[StrategyName, ...],
+    window: int,
+    restore: bool = False,
 ) -> CompactionResult:
     budget = budget_for(window)
-    result = run(messages, pipeline, window)
+    result = run(messages, pipeline, window, restore)
     out = result.messages
     units = group_units(messages)
     head = pinned_head(messages, units)
     head_end = units[head - 1].end if head else 0
     # 1. pair safety
     assert check_pair_safety(out) == []
-    # 2. pinned head kept (same objects), last unit kept (tool outputs may be truncated);
-    # later system/developer messages are instructions: kept, as they were, in order
-    assert all(a is b for a, b in zip(out[:head_end], messages[:head_end], strict=True))
+    # 2. pinned head kept (same objects; restoring, the span marker may be folded into its user
+    # message after its own content), last unit kept (tool outputs may be truncated); later
+    # system/developer messages are instructions: kept, as they were, in order
+    kept_head = head_end - 1 if restore and result.plan.summary_role == "fold" else head_end
+    assert all(a is b for a, b in zip(out[:kept_head], messages[:kept_head], strict=True))
     assert instructions(out) == instructions(messages)
     last = units[-1]
     tail = messages[last.start : last.end]
     cap = result.plan.cap
     assert out[len(out) - len(tail) :] in (
         tail,
-        truncate_unit(tail, cap),
-        truncate_unit(tail, cap, deep=True),  # the last resort (DESIGN.md §3)
+        truncate_unit(tail, cap, start=last.start),
+        truncate_unit(tail, cap, deep=True, start=last.start),  # the last resort (DESIGN.md §3)
     )
+    check_refs(messages, result)
     # 3. no-op is exact
     if result.tokens_before <= budget.trigger:
         assert result.applied == ()
@@ -94,8 +111,10 @@ def check_all(
         floor = sum(simple_count(m) for m in messages[:head_end])
         shrink = "truncate" in pipeline
         floor += sum(
-            simple_count(m) for m in (truncate_unit(tail, result.plan.cap) if shrink else tail)
+            simple_count(m)
+            for m in (truncate_unit(tail, result.plan.cap, start=last.start) if shrink else tail)
         )
+        floor += marker_tokens(simple_count) if restore else 0
         pinned = [m for m in messages[head_end : last.start] if m.get("role") in HEAD_ROLES]
         floor += sum(simple_count(m) for m in pinned)
         if follows_strict_rule(messages) and len(units) > head + 1:
@@ -106,7 +125,7 @@ def check_all(
             assert result.tokens_after <= budget.trigger
             assert not result.over_budget
     # 5. idempotent
-    again = compact(out, pipeline, budget, simple_count, 0)
+    again = compact(out, pipeline, budget, simple_count, 0, restore=restore)
     assert again.applied == ()
     assert again.messages == out
     # 6. role order kept
@@ -114,6 +133,20 @@ def check_all(
     if follows_strict_rule(messages):
         assert follows_strict_rule(out)
     return result
+
+
+def check_refs(messages: Sequence[Mapping[str, Any]], result: CompactionResult) -> None:
+    """Every elision marker in the output ends with a ref that resolves to its original; with
+    restore on, nothing was removed without a marker naming it."""
+    known = restorable(messages, result.plan)
+    shown = orjson.dumps(result.messages).decode()
+    for ref in REF_SUFFIX_RE.findall(shown):
+        assert ref in known
+    markers = shown.count("inflight truncated") + shown.count("inflight pruned")
+    markers += shown.count("inflight removed")
+    assert len(REF_SUFFIX_RE.findall(shown)) >= markers
+    if result.plan.marker:
+        assert span_ref(result.plan, messages) in REF_SUFFIX_RE.findall(shown)
 
 
 def instructions(messages: Sequence[Mapping[str, Any]]) -> list[int]:
@@ -163,6 +196,33 @@ def test_cache_stability_on_generated_conversations(
     name: str, messages: list[dict[str, Any]], window: int
 ) -> None:
     check_cache_stability(messages, PIPELINES[name], window)
+
+
+RESTORING = ["trim", "middle-out", "summarize", "auto"]
+
+
+@pytest.mark.parametrize("name", RESTORING)
+@ONE_REQUEST
+@given(messages=conversations(), window=WINDOWS)
+def test_invariants_with_restore_on_generated_conversations(
+    name: str, messages: list[dict[str, Any]], window: int
+) -> None:
+    """1, 2, 4, 5, 6 hold with restore's span marker standing for what was cut or dropped."""
+    result = check_all(messages, PIPELINES[name], window, restore=True)
+    if result.plan.cut > result.plan.head or result.plan.dropped:
+        assert result.plan.marker
+
+
+@pytest.mark.parametrize("name", RESTORING)
+@TURN_BY_TURN
+@given(messages=conversations(), window=WINDOWS)
+def test_cache_stability_with_restore_on_generated_conversations(
+    name: str, messages: list[dict[str, Any]], window: int
+) -> None:
+    """7. the span marker (and its ref) is byte-identical between events."""
+    check_cache_stability(
+        messages, PIPELINES[name], window, lambda m, p, w: run(m, p, w, restore=True)
+    )
 
 
 @pytest.mark.parametrize("name", list(PIPELINES))

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.compaction.prune import PLACEHOLDER, answered_calls, is_placeholder, prune_unit, tool_names
+from app.compaction.refs import ref_for, ref_suffix
 
 
 def unit(calls: list[tuple[Any, str]], answers: list[Any]) -> list[dict[str, Any]]:
@@ -64,6 +65,7 @@ def test_a_placeholder_lookalike_in_content_is_still_pruned() -> None:
 def test_placeholders_follow_ids_in_any_answer_order(order: list[int], names: list[str]) -> None:
     calls = [(f"call_{k}", names[k]) for k in range(4)]
     messages = unit(calls, [f"call_{k}" for k in order])
-    for message, k in zip(prune_unit(messages)[1:], order, strict=True):
-        size = len(f"output of call_{k} " * 50)
-        assert message["content"] == PLACEHOLDER.format(name=names[k], size=size)
+    for position, (message, k) in enumerate(zip(prune_unit(messages)[1:], order, strict=True), 1):
+        output = f"output of call_{k} " * 50
+        ref = ref_suffix(ref_for(position, output))
+        assert message["content"] == PLACEHOLDER.format(name=names[k], size=len(output), ref=ref)

@@ -87,6 +87,12 @@ def test_a_plan_resumed_from_the_cache_is_the_plan_from_scratch(
     budget = _budget(window)
     summary_tokens = summary_budget(budget.goal) if "summarize" in pipeline else 0
     fixed = data.draw(st.integers(0, 300))
+    # issue 20's inputs: protected tools (the generated tool names), restore's span marker
+    protect = data.draw(st.sampled_from([frozenset(), frozenset({"bash", "lookup"})]))
+    marked = data.draw(st.booleans())
+    if marked and not summary_tokens:
+        summary_tokens = 40
+    options: dict[str, Any] = {"protect": protect, "marked": marked}
     lengths = [0, 0]
     while lengths[0] < len(first) or lengths[1] < len(second):
         which = data.draw(st.integers(0, 1))
@@ -98,8 +104,13 @@ def test_a_plan_resumed_from_the_cache_is_the_plan_from_scratch(
             counter.factor = data.draw(st.sampled_from([0.5, 0.9, 1.0, 1.3, 2.0]))
             counter.per_message = data.draw(st.integers(0, 4))
         request = copy.deepcopy(messages[: lengths[which]])  # a new request's own objects
-        got = plan(request, pipeline, budget, counter.count, fixed, summary_tokens, replays=replays)
-        assert got == plan(request, pipeline, budget, counter.count, fixed, summary_tokens)
+        got = plan(
+            request, pipeline, budget, counter.count, fixed, summary_tokens,
+            replays=replays, **options,
+        )  # fmt: skip
+        assert got == plan(
+            request, pipeline, budget, counter.count, fixed, summary_tokens, **options
+        )
 
 
 @given(conversations(), st.data())

@@ -14,11 +14,14 @@ from hypothesis import strategies as st
 from app.compaction.engine import compact
 from app.compaction.planner import plan
 from app.compaction.policy import Budget, StrategyName
+from app.compaction.refs import ref_suffix
 from app.compaction.truncate import MARKER, cap_chars, cut_text, kept_length, truncate_unit
 from app.compaction.units import HEAD_ROLES, check_pair_safety, is_strict_alternation
 from tests.conversations import conversations, simple_count, strict_floor
 
 AUTO: tuple[StrategyName, ...] = ("truncate", "prune", "trim")
+# the longest marker a cut of these tests writes (a cut saves at least twice the marker)
+MARKER_CHARS = len(MARKER.format(cut=10**6, ref=ref_suffix("0" * 12)))
 
 
 def budget(window: int) -> Budget:
@@ -73,23 +76,25 @@ def test_parallel_outputs_share_the_cap_short_ones_whole() -> None:
 
 
 def test_a_marker_written_by_a_client_does_not_stop_truncation() -> None:
-    fake = MARKER.format(cut=5)
+    fake = MARKER.format(cut=5, ref=ref_suffix("abcdef012345"))
     for text in (
         fake + "x" * 20_000,
         "x" * 10_000 + fake + "y" * 10_000,
         "x" * 20_000 + fake,
-        "[… inflight truncated 5 chars …]" + "z" * 20_000,
+        "[… inflight truncated 5 chars (ref: abcdef012345)]" + "z" * 20_000,
     ):
         assert kept_length(text) is None
-        cut = cut_text(text, 2_000)
+        cut = cut_text(text, 2_000, "abcdef012345")
         assert len(cut) < 2_100
         assert kept_length(cut) == 2_000
-        assert cut_text(cut, 500) is cut  # the proxy's own cut is recognised, never cut twice
+        assert (
+            cut_text(cut, 500, "abcdef012345") is cut
+        )  # the proxy's own cut is recognised, never cut twice
 
 
 def test_only_a_marker_at_its_exact_place_counts() -> None:
     text = "a" * 3_000 + "b" * 3_000
-    cut = cut_text(text, 1_000)
+    cut = cut_text(text, 1_000, "abcdef012345")
     assert kept_length(cut) == 1_000
     assert kept_length(cut + "!") is None  # one char longer: the marker is not where a cut puts it
     assert kept_length("!!!" + cut) is None
@@ -209,7 +214,7 @@ TEXTS = st.lists(
         st.text(max_size=50),
         st.builds(lambda n, c: c * n, st.integers(0, 9_000), st.sampled_from("ab\n")),
         st.builds(
-            lambda a, b: "q" * a + MARKER.format(cut=b) + "q" * a,
+            lambda a, b: "q" * a + MARKER.format(cut=b, ref=ref_suffix("0123456789ab")) + "q" * a,
             st.integers(0, 3_000),
             st.integers(1, 99_999),
         ),
@@ -241,7 +246,7 @@ def test_truncation_never_lengthens_and_is_idempotent(
     assert truncate_unit(out, cap, deep=deep) == out
     outputs = [t for m in out[1:] for t in texts_of(m)]
     fresh = [t for t in texts if kept_length(t) is None]
-    if all(len(t) > cap + 100 for t in fresh) and len(fresh) == len(texts):
+    if all(len(t) > cap + 2 * MARKER_CHARS for t in fresh) and len(fresh) == len(texts):
         assert kept_chars(outputs) <= cap
 
 
@@ -295,8 +300,9 @@ def test_the_last_unit_fits_whenever_its_text_allows(
         )
     if floor <= budget(window).budget:
         assert not result.over_budget, (floor, result.tokens_after)
+    at = len(history)  # the markers' refs name the last unit's positions in the history
     assert result.messages[len(result.messages) - len(last) :] in (
         last,
-        truncate_unit(last, result.plan.cap),
-        truncate_unit(last, result.plan.cap, deep=True),
+        truncate_unit(last, result.plan.cap, start=at),
+        truncate_unit(last, result.plan.cap, deep=True, start=at),
     )

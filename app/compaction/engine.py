@@ -2,19 +2,30 @@
 
 `summarize` needs the upstream, so here it plans the cut a summary would replace; the async
 summary layer swaps in the summary text, and on any failure re-plans with `trim`.
+
+With restore on (DESIGN.md §11) what was cut or dropped is never silent: one marker naming the
+span's ref stands where a summary would (§4.6 placement, its tokens reserved like a summary's),
+and a summary, when there is one, ends with that marker.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from app.compaction.planner import MessageCounter, Plan, kept_sources, plan, render
 from app.compaction.policy import Budget, StrategyName
+from app.compaction.refs import REF_LENGTH, ref_suffix
 from app.compaction.replays import Replays
+from app.compaction.restorable import removed_positions, restorable, span_ref
 
 SUMMARY_PREFIX = "[Summary of the earlier conversation, written by inflight to fit the context]\n\n"
+SPAN_MARKER = (
+    "[inflight removed {count} earlier messages to fit the context window; "
+    "call inflight_restore to read them {ref}]"
+)
+MARKER_SLACK = 8  # tokens over the marker's own count: folding it into the head may cost more
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +43,8 @@ class CompactionResult:
     # per output message, the index of the input message it came from (the same object when
     # untouched, else a transformed copy); None for a summary inserted as a message of its own
     sources: tuple[int | None, ...]
+    # restoring: every ref the markers carry -> the original text (app/compaction/restorable.py)
+    refs: Mapping[str, str] = field(default_factory=dict)
 
 
 def _parts(content: Any) -> list[Any]:
@@ -40,11 +53,27 @@ def _parts(content: Any) -> list[Any]:
     return list(content) if isinstance(content, list) else []
 
 
-def summary_message(plan: Plan, messages: Sequence[Mapping[str, Any]], text: str) -> dict[str, Any]:
+def span_marker(plan: Plan, messages: Sequence[Mapping[str, Any]]) -> str | None:
+    """The marker that stands for what the plan cut or dropped (restore on)."""
+    ref = span_ref(plan, messages)
+    if ref is None:
+        return None
+    return SPAN_MARKER.format(count=len(removed_positions(plan)), ref=ref_suffix(ref))
+
+
+def marker_tokens(count: MessageCounter) -> int:
+    """The tokens to reserve for a span marker (the longest one, with slack for a fold)."""
+    longest = SPAN_MARKER.format(count=10**9, ref=ref_suffix("0" * REF_LENGTH))
+    return count({"role": "assistant", "content": longest}) + MARKER_SLACK
+
+
+def summary_message(
+    plan: Plan, messages: Sequence[Mapping[str, Any]], text: str, prefix: str = SUMMARY_PREFIX
+) -> dict[str, Any]:
     """The message that carries the summary, placed as the plan says (DESIGN.md §4.6): a new
     message of the plan's summary role, to stand right after the head; or, folded, the head's
     user message with the summary as an extra text part after its own, unchanged content."""
-    content = SUMMARY_PREFIX + text
+    content = prefix + text
     if plan.summary_role != "fold":
         return {"role": plan.summary_role, "content": content}
     host = messages[plan.units[plan.head - 1].end - 1]
@@ -58,11 +87,12 @@ def with_summary(
     text: str,
     count: MessageCounter,
     sources: list[int | None] | None = None,
+    prefix: str = SUMMARY_PREFIX,
 ) -> int:
     """Put the summary in `out` (rendered from `plan`, with its `sources` kept in step);
     returns the tokens it adds."""
     head_end = plan.units[plan.head - 1].end if plan.head else 0
-    message = summary_message(plan, messages, text)
+    message = summary_message(plan, messages, text, prefix)
     if plan.summary_role == "fold":
         host = out[head_end - 1]
         out[head_end - 1] = message
@@ -84,6 +114,36 @@ def _applied(plan: Plan, pipeline: tuple[StrategyName, ...]) -> tuple[StrategyNa
     return tuple(name for name in pipeline if did[name])
 
 
+def _unchanged(
+    messages: Sequence[Mapping[str, Any]], the_plan: Plan, budget: Budget
+) -> CompactionResult:
+    """The result of a plan that changes nothing: the messages as they are."""
+    return CompactionResult(
+        list(messages),
+        (),
+        the_plan.tokens_before,
+        the_plan.tokens_before,
+        len(messages),
+        len(messages),
+        the_plan.tokens_before > budget.budget,
+        the_plan,
+        tuple(range(len(messages))),
+    )
+
+
+def _stand_in(
+    the_plan: Plan, messages: Sequence[Mapping[str, Any]], summary: str | None, restore: bool
+) -> tuple[str, str] | None:
+    """(prefix, text) of what stands for the cut: the summary (ending with the span marker
+    when restoring), the span marker alone (restoring without a summary), or None."""
+    marker = span_marker(the_plan, messages) if restore else None
+    if the_plan.summarize and summary is not None:
+        return SUMMARY_PREFIX, summary if marker is None else f"{summary}\n\n{marker}"
+    if marker is not None and (the_plan.summarize or the_plan.marker):
+        return "", marker
+    return None
+
+
 def compact(
     messages: Sequence[Mapping[str, Any]],
     pipeline: tuple[StrategyName, ...],
@@ -95,35 +155,41 @@ def compact(
     summary_tokens: int = 0,
     planned: Plan | None = None,
     replays: Replays | None = None,
+    protect: frozenset[str] = frozenset(),
+    restore: bool = False,
 ) -> CompactionResult:
     """Compact `messages` for `budget`. Unchanged messages are the same objects.
 
     Without a `summary` text, `summarize` in the pipeline acts as `trim` (the pure fallback).
     `planned` reuses a plan already computed for exactly these arguments; `replays` remembers
-    replays by history prefix (the plan is the same with or without).
+    replays by history prefix (the plan is the same with or without). `protect`: tools whose
+    outputs only the last unit may cut. `restore`: a span marker stands for what is cut or
+    dropped (with a summary: ends it; `summary_tokens` must then include `marker_tokens`).
     """
     if summary is None:
         pipeline = tuple("trim" if s == "summarize" else s for s in pipeline)
+    if restore and not summary_tokens:
+        summary_tokens = marker_tokens(count)
     the_plan = planned or plan(
-        messages, pipeline, budget, count, fixed_tokens, summary_tokens, replays=replays
+        messages,
+        pipeline,
+        budget,
+        count,
+        fixed_tokens,
+        summary_tokens,
+        protect=protect,
+        marked=restore,
+        replays=replays,
     )
     if not the_plan.changed:
-        return CompactionResult(
-            list(messages),
-            (),
-            the_plan.tokens_before,
-            the_plan.tokens_before,
-            len(messages),
-            len(messages),
-            the_plan.tokens_before > budget.budget,
-            the_plan,
-            tuple(range(len(messages))),
-        )
+        return _unchanged(messages, the_plan, budget)
     out = render(messages, the_plan)
     sources = kept_sources(the_plan)
     after = the_plan.tokens_after
-    if the_plan.summarize and summary is not None:
-        added = with_summary(out, the_plan, messages, summary, count, sources)
+    stand_in = _stand_in(the_plan, messages, summary, restore)
+    if stand_in is not None:
+        prefix, text = stand_in
+        added = with_summary(out, the_plan, messages, text, count, sources, prefix)
         after = after - summary_tokens + added
     return CompactionResult(
         out,
@@ -135,4 +201,5 @@ def compact(
         after > budget.budget,
         the_plan,
         tuple(sources),
+        restorable(messages, the_plan) if restore else {},
     )

@@ -63,6 +63,10 @@ class Plan:
     # Where a summary goes: a message of this role right after the head, or "fold": an extra
     # text part of the head's user message (when neither role fits between its neighbours).
     summary_role: SummaryRole = "assistant"
+    protect: frozenset[str] = frozenset()  # tools whose outputs only the last unit may cut (§11)
+    # Restore on (§11): one marker stands for what was cut or dropped, placed like a summary,
+    # its tokens reserved like a summary's.
+    marker: bool = False
 
     @property
     def changed(self) -> bool:
@@ -83,13 +87,20 @@ def _truncation_level(i: int, truncated: AbstractSet[int], deep: AbstractSet[int
 
 
 def _transform(
-    chunk: list[Mapping[str, Any]], kind: str, cap: int, level: int, pruned: bool
+    chunk: list[Mapping[str, Any]],
+    unit: Unit,
+    cap: int,
+    level: int,
+    pruned: bool,
+    protect: AbstractSet[str],
 ) -> list[Mapping[str, Any]]:
-    """A unit's messages truncated (`level` 1: tool outputs, 2: deep) and pruned as planned."""
+    """A unit's messages truncated (`level` 1: tool outputs, 2: deep) and pruned as planned,
+    the outputs of `protect`ed tools left whole (the caller passes none for the last unit)."""
+    original = chunk
     if level:
-        chunk = truncate_unit(chunk, cap, deep=level > 1)
-    if pruned and kind in TOOL_KINDS:
-        chunk = prune_unit(chunk)
+        chunk = truncate_unit(chunk, cap, deep=level > 1, start=unit.start, protect=protect)
+    if pruned and unit.kind in TOOL_KINDS:
+        chunk = prune_unit(chunk, unit.start, protect, original)
     return chunk
 
 
@@ -101,6 +112,7 @@ class _Costs:
     units: Sequence[Unit]
     count: MessageCounter
     cap: int
+    protect: frozenset[str] = frozenset()
     memo: dict[tuple[int, int, bool], int] = field(default_factory=dict)
 
     def render(self, i: int, truncated: int, pruned: bool) -> int:
@@ -111,7 +123,8 @@ class _Costs:
             return found
         unit = self.units[i]
         chunk = list(self.messages[unit.start : unit.end])
-        out = _transform(chunk, unit.kind, self.cap, truncated, pruned)
+        protect = self.protect if i < len(self.units) - 1 else frozenset()
+        out = _transform(chunk, unit, self.cap, truncated, pruned, protect)
         if truncated and all(a is b for a, b in zip(out, chunk, strict=True)):
             cost = self.render(i, 0, pruned)  # nothing to cut: as is
         else:
@@ -159,6 +172,7 @@ class _Replay:
     deep: set[int] = field(default_factory=set)
     events: list[int] = field(default_factory=list)
     summary_role: SummaryRole = "assistant"
+    marked: bool = False  # restore on: a marker stands for what is cut (reserved like a summary)
     goal: int = 0  # the budget's goal, computed once
     kept_total: int = 0  # the cost of the units after the head replayed so far
     pinned_total: int = 0  # the part of it that pinned instructions cost
@@ -213,7 +227,14 @@ class _Replay:
 
     @property
     def summarizing(self) -> bool:
-        return "summarize" in self.pipeline
+        """Whether something stands for the cut (a summary, or restore's marker)."""
+        return "summarize" in self.pipeline or self.marked
+
+    def stands_in(self) -> bool:
+        """Whether the stand-in is in the prompt now (its tokens counted)."""
+        if not self.summarizing:
+            return False
+        return self.cut > self.shape.head or (self.marked and bool(self.dropped))
 
     def cost(self, i: int) -> int:
         return self.costs_now[i]
@@ -258,7 +279,7 @@ class _Replay:
 
     def total(self, k: int) -> int:
         """Tokens of the prefix of k units as the plan shows it now."""
-        summary = self.summary_tokens if self.summarizing and self.cut > self.shape.head else 0
+        summary = self.summary_tokens if self.stands_in() else 0
         return self.head_cost + summary + self.kept_total
 
     def valid_cut(self, position: int, k: int) -> bool:
@@ -365,7 +386,7 @@ class _Replay:
             lambda i: 0 if i in self.shape.pinned else self.cost(i),
             lambda position: self.valid_cut(position, k),
             self.summary_tokens if self.summarizing else 0,
-            self.cut > self.shape.head,
+            self.stands_in(),
         )
         if moved == self.cut:
             return
@@ -415,13 +436,15 @@ class _Replay:
             pruned_before=self.pruned_before,
             cap=self.costs.cap,
             events=tuple(self.events),
-            summarize=self.summarizing and self.cut > self.shape.head,
+            summarize="summarize" in self.pipeline and self.cut > self.shape.head,
             tokens_before=self.before,
             tokens_after=self.total(n),
             strict=self.shape.strict(n),
             deep=frozenset(self.deep),
             pinned=self.shape.pinned,
             summary_role=self.summary_role,
+            protect=self.costs.protect,
+            marker=self.marked and self.stands_in(),
         )
 
 
@@ -447,6 +470,7 @@ def _quiet(shape: UnitRoles, costs: _Costs, head_cost: int, trigger: int) -> Pla
         tokens_after=total,
         strict=shape.strict(n),
         pinned=shape.pinned,
+        protect=costs.protect,
     )
 
 
@@ -463,18 +487,22 @@ def plan(
     fixed_tokens: int,
     summary_tokens: int = 0,
     *,
+    protect: frozenset[str] = frozenset(),
+    marked: bool = False,
     replays: Replays | None = None,
 ) -> Plan:
-    """Replay the history unit by unit and return the plan for the whole list. With `replays`,
-    the replay resumes from the longest history prefix remembered for the same inputs (the
-    plan is exactly the one a replay from the first message gives), and is remembered."""
+    """Replay the history unit by unit and return the plan for the whole list. `protect`: tools
+    whose outputs only the last unit may prune or truncate; `marked`: a marker of
+    `summary_tokens` stands for what is cut (restore on), placed like a summary. With
+    `replays`, the replay resumes from the longest history prefix remembered for the same inputs
+    (the plan is exactly the one a replay from the first message gives), and is remembered."""
     inputs = tuple(sorted((k, v) for k, v in locals().items() if k not in UNKEYED))
     recall = Recall.of(replays, inputs, messages)
     saved: _Replay | None = recall.found.state if recall and recall.found else None
     extended = saved.shape.extended(messages) if saved is not None else None
     shape = extended or UnitRoles.of(messages)
     n, head = len(shape.units), shape.head
-    costs = _Costs(messages, shape.units, count, cap_chars(budget.budget))
+    costs = _Costs(messages, shape.units, count, cap_chars(budget.budget), protect)
     if saved is not None and extended is not None:
         replay = saved.resumed(extended, costs)
     else:
@@ -497,6 +525,7 @@ def plan(
             pruned_before=head,
             scanned=head,
             goal=budget.goal,
+            marked=marked,
             replayed=head,
             before=head_cost,
         )
@@ -512,7 +541,8 @@ def _shown(messages: Sequence[Mapping[str, Any]], plan: Plan, i: int) -> list[Ma
     unit = plan.units[i]
     level = _truncation_level(i, plan.truncated, plan.deep)
     chunk = list(messages[unit.start : unit.end])
-    return _transform(chunk, unit.kind, plan.cap, level, i < plan.pruned_before)
+    protect = plan.protect if i < len(plan.units) - 1 else frozenset()
+    return _transform(chunk, unit, plan.cap, level, i < plan.pruned_before, protect)
 
 
 def render_span(

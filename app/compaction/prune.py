@@ -1,7 +1,8 @@
 """`prune`: old tool outputs replaced by a short, stable placeholder (tool name and size).
 
 The most recent tool outputs are protected (a token budget that scales with the window), and a
-prune that would save little is skipped.
+prune that would save little is skipped. Outputs of protected tools (DESIGN.md §11) are never
+pruned. Each placeholder ends with the ref of the output it replaced (app/compaction/refs.py).
 """
 
 from __future__ import annotations
@@ -9,10 +10,16 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any
 
-PLACEHOLDER = "[inflight pruned an old output of {name}: {size} chars]"
-_PLACEHOLDER_RE = re.compile(r"\[inflight pruned an old output of .*: \d+ chars\]", re.DOTALL)
+from app.compaction.refs import REF_LENGTH, ref_for, ref_suffix
+
+PLACEHOLDER = "[inflight pruned an old output of {name}: {size} chars {ref}]"
+_PLACEHOLDER_RE = re.compile(
+    rf"\[inflight pruned an old output of .*: \d+ chars \(ref: [0-9a-f]{{{REF_LENGTH}}}\)\]",
+    re.DOTALL,
+)
 PROTECT_SHARE = 0.25
 MIN_SAVING_SHARE = 0.05
 
@@ -80,18 +87,38 @@ def tool_names(unit_messages: Sequence[Mapping[str, Any]]) -> list[str]:
     return [names[k] if k is not None else "tool" for k in answered_calls(unit_messages)]
 
 
-def prune_message(message: Mapping[str, Any], name: str) -> Mapping[str, Any]:
-    """The tool message with its content replaced; the same object when already pruned."""
+def prune_message(
+    message: Mapping[str, Any], name: str, position: int, original: Any = None
+) -> Mapping[str, Any]:
+    """The tool message (at `position` in the history) with its content replaced by a
+    placeholder describing `original` (the client's content, when truncation changed it
+    before; else the message's own); the same object when already pruned."""
     if message.get("role") not in ("tool", "function"):
         return message
     content = message.get("content")
     if is_placeholder(content) or _size(content) == 0:
         return message
-    return {**message, "content": PLACEHOLDER.format(name=name, size=_size(content))}
+    original = content if original is None else original
+    ref = ref_suffix(ref_for(position, original))
+    return {**message, "content": PLACEHOLDER.format(name=name, size=_size(original), ref=ref)}
 
 
-def prune_unit(unit_messages: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+def prune_unit(
+    unit_messages: Sequence[Mapping[str, Any]],
+    start: int = 0,
+    protect: AbstractSet[str] = frozenset(),
+    originals: Sequence[Mapping[str, Any]] | None = None,
+) -> list[Mapping[str, Any]]:
+    """The tool unit (its first message at `start` in the history) with its outputs pruned,
+    except those of `protect`ed tools. `originals`: the unit as the client sent it, when
+    truncation already changed it (placeholders describe and name the originals)."""
     names = tool_names(unit_messages)
+    source = unit_messages if originals is None else originals
     out: list[Mapping[str, Any]] = [unit_messages[0]]
-    out.extend(prune_message(m, name) for m, name in zip(unit_messages[1:], names, strict=True))
+    for offset, (message, name) in enumerate(zip(unit_messages[1:], names, strict=True), 1):
+        if name in protect:
+            out.append(message)
+            continue
+        original = source[offset].get("content")
+        out.append(prune_message(message, name, start + offset, original))
     return out

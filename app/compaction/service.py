@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from app.compaction.cuts import Cut, cuts_of
-from app.compaction.engine import CompactionResult, compact
+from app.compaction.engine import CompactionResult, compact, marker_tokens
 from app.compaction.formats import ApiName, Conversation, WireFormat
 from app.compaction.formats.chat import ChatFormat
 from app.compaction.offload import as_received, offload
@@ -77,6 +77,9 @@ class Compacted:
     summary_model: str
     ledger_id: str | None = None  # `X-Compaction-Id`: the ledger row of what was cut (§11)
     cuts: tuple[Cut, ...] = ()  # what was cut, for that row
+    # restoring: what the forwarded markers' refs stand for (app/compaction/restorable.py)
+    refs: Mapping[str, str] = field(default_factory=dict)
+    budget: int = 0  # the window less the output reserve (what restored texts may fill)
 
 
 def view_body(conversation: Conversation) -> dict[str, Any]:
@@ -142,8 +145,9 @@ class CompactionService:
         summary_model = controls.summary_model or self._settings.summary_model or model
         conversation = _view(wire, cleaned)
         job = _Job(
-            wire, cleaned, conversation, model, summary_model, base_url, headers, self._counter
-        )
+            wire, cleaned, conversation, model, summary_model, base_url, headers, self._counter,
+            *self._keeping(controls),
+        )  # fmt: skip
         outcome, error = await self._outcome(job, pipeline, budget)
         return Preview(
             cleaned,
@@ -200,8 +204,9 @@ class CompactionService:
         try:
             fixed = job.count_fixed()
             compaction = partial(
-                compact, job.conversation.messages, trimmed, budget, job.count, fixed
-            )
+                compact, job.conversation.messages, trimmed, budget, job.count, fixed,
+                protect=job.protect, restore=job.restore,
+            )  # fmt: skip
             outcome = job.rendered(await offload(job.conversation.messages, compaction))
         except Exception:
             logger.exception(
@@ -219,16 +224,24 @@ class CompactionService:
         replays = None
         if self._replays is not None:
             replays = Replays(self._replays, partial(self._counter.counting, job.model))
-        compaction = partial(compact, messages, pipeline, budget, job.count, fixed, replays=replays)
+        compaction = partial(
+            compact, messages, pipeline, budget, job.count, fixed,
+            protect=job.protect, restore=job.restore, replays=replays,
+        )  # fmt: skip
         if "summarize" not in pipeline or self._summaries is None or self._completer_for is None:
             return job.rendered(await offload(messages, compaction))
         reserved = summary_budget(budget.goal)
+        # restoring, the summary ends with the span marker: its tokens are reserved too
+        planned_size = reserved + (marker_tokens(job.count) if job.restore else 0)
         the_plan = await offload(
             messages,
-            partial(plan, messages, pipeline, budget, job.count, fixed, reserved, replays=replays),
-        )
+            partial(
+                plan, messages, pipeline, budget, job.count, fixed, planned_size,
+                protect=job.protect, marked=job.restore, replays=replays,
+            ),
+        )  # fmt: skip
         if not the_plan.summarize:
-            planned = partial(compaction, summary="", summary_tokens=reserved, planned=the_plan)
+            planned = partial(compaction, summary="", summary_tokens=planned_size, planned=the_plan)
             return job.rendered(await offload(messages, planned))
         window = await self._windows.window_for(job.summary_model, job.base_url)
         summary = SummaryJob(
@@ -243,9 +256,14 @@ class CompactionService:
         text, why = await self._summary(self._summaries, summary, job.model)
         if text is None:
             trimmed = tuple("trim" if s == "summarize" else s for s in pipeline)
-            fallback = partial(compact, messages, trimmed, budget, job.count, fixed)
+            fallback = partial(
+                compact, messages, trimmed, budget, job.count, fixed,
+                protect=job.protect, restore=job.restore,
+            )  # fmt: skip
             return job.rendered(await offload(messages, fallback), summary.usage, why)
-        summarized = partial(compaction, summary=text, summary_tokens=reserved, planned=the_plan)
+        summarized = partial(
+            compaction, summary=text, summary_tokens=planned_size, planned=the_plan
+        )
         return job.rendered(await offload(messages, summarized), summary.usage)
 
     async def _summary(
@@ -267,6 +285,14 @@ class CompactionService:
     def forget_replays(self) -> None:
         """Plan every request from its first message (the benchmark's "before")."""
         self._replays = None
+
+    def _keeping(self, controls: Controls) -> tuple[frozenset[str], bool]:
+        """The protected tools and whether restore is on (DESIGN.md §11): header, else setting."""
+        protect = controls.protect_tools
+        if protect is None:
+            protect = frozenset(self._settings.protect_tools)
+        restore = self._settings.restore if controls.restore is None else controls.restore
+        return protect, restore
 
     def _strategies(self, controls: Controls) -> tuple[StrategyName, ...] | None:
         if controls.strategies is not None:
@@ -314,6 +340,8 @@ class CompactionService:
             strategies=result.applied,
             summary_usage=preview.summary_usage,
             summary_model=preview.summary_model,
+            refs=result.refs,
+            budget=preview.window - preview.reserve,
         )
 
     def learn(
@@ -413,6 +441,8 @@ class _Job:
     base_url: str
     headers: Mapping[str, str]
     counter: TokenCounter
+    protect: frozenset[str] = frozenset()  # tools whose outputs only the last unit may cut
+    restore: bool = False  # a marker stands for every cut; markers' refs resolved (§11)
     counted: dict[int, int] = field(default_factory=dict)  # see count_within
 
     def count(self, message: Mapping[str, Any]) -> int:

@@ -10,21 +10,30 @@ Arguments that are JSON are cut inside their string values, so they stay valid J
 Idempotent: a text the proxy cut carries the marker exactly where a cut puts it (two thirds
 into the kept length, the text exactly as long as a cut makes it) and is never cut again; the
 same marker text anywhere else is ordinary content, cut like any other.
+
+Each marker ends with the ref of the text it cut (DESIGN.md §11; app/compaction/refs.py): the
+message's position in the client's history and, when the message holds several texts a cut can
+reach, which one (`text_part`), so `inflight_restore` can hand the original back.
+Tool outputs of protected tools (§11) are never cut, except in the last unit (`protect`).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import orjson
 
-from app.compaction.prune import answered_calls
+from app.compaction.prune import answered_calls, tool_names
+from app.compaction.refs import REF_LENGTH, ref_for, ref_suffix
 
-MARKER = "\n\n[… inflight truncated {cut} chars …]\n\n"
-_MARKER_RE = re.compile(r"\n\n\[… inflight truncated ([1-9][0-9]*) chars …\]\n\n")
-_MARKER_BASE = len(MARKER.format(cut=""))  # without the digits
+MARKER = "\n\n[… inflight truncated {cut} chars {ref}]\n\n"
+_MARKER_RE = re.compile(
+    rf"\n\n\[… inflight truncated ([1-9][0-9]*) chars \(ref: [0-9a-f]{{{REF_LENGTH}}}\)\]\n\n"
+)
+_MARKER_BASE = len(MARKER.format(cut="", ref=ref_suffix("0" * REF_LENGTH)))  # without the digits
 _MARKER_START = MARKER.partition("{")[0]
 _MAX_DIGITS = 20
 _JSON_DEPTH = 32  # JSON arguments nested deeper are cut as plain text
@@ -62,12 +71,13 @@ def kept_length(text: str) -> int | None:
     return None
 
 
-def cut_text(text: str, keep: int) -> str:
-    """`text` cut to `keep` chars of head and tail around a marker; the same object when it
-    fits, when the proxy already cut it, or when the cut would not remove more than twice the
-    marker's length (so a cut always saves, even counted in JSON bytes or tokens)."""
+def cut_text(text: str, keep: int, ref: str) -> str:
+    """`text` cut to `keep` chars of head and tail around a marker naming `ref`; the same
+    object when it fits, when the proxy already cut it, or when the cut would not remove more
+    than twice the marker's length (so a cut always saves, even counted in JSON bytes or
+    tokens)."""
     cut = len(text) - keep
-    marker = MARKER.format(cut=cut)
+    marker = MARKER.format(cut=cut, ref=ref_suffix(ref))
     if cut <= 2 * len(marker) or kept_length(text) is not None:
         return text
     head = keep * 2 // 3
@@ -205,22 +215,72 @@ def _answered(unit: Sequence[Mapping[str, Any]]) -> set[int]:
     return {0} if unit[1].get("role") == "function" else set()
 
 
-def truncate_unit(
-    unit: Sequence[Mapping[str, Any]], cap: int, *, deep: bool = False
-) -> list[Mapping[str, Any]]:
-    """The unit's messages with their tool outputs (and, `deep`, assistant text and answered
-    call arguments) cut to share `cap` chars. Unchanged messages are the same objects."""
+def text_part(index: int, texts: int) -> str:
+    """The ref `part` of a message's `index`-th text a cut can reach, of `texts`: empty when
+    it is the only one (a tool output), else `text<index>` in a fixed order (content parts,
+    then the answered calls' arguments, string values of JSON arguments one by one)."""
+    return "" if texts == 1 else f"text{index}"
+
+
+def _protected(unit: Sequence[Mapping[str, Any]], protect: AbstractSet[str]) -> set[int]:
+    """Offsets in the unit of the outputs of protected tools."""
+    if not protect or len(unit) < 2 or unit[0].get("role") != "assistant":
+        return set()
+    return {k + 1 for k, name in enumerate(tool_names(unit)) if name in protect}
+
+
+def unit_texts(
+    unit: Sequence[Mapping[str, Any]],
+    *,
+    deep: bool = False,
+    start: int = 0,
+    protect: AbstractSet[str] = frozenset(),
+) -> list[tuple[int, str, str]]:
+    """Every text truncation may reach in the unit (whose first message is at `start` in the
+    history), in order: (its message's position, its ref part, the text)."""
     answered = _answered(unit) if deep else set()
-    texts: list[str] = []
+    skip = _protected(unit, protect)
+    found: list[str] = []
 
     def collect(text: str) -> str:
-        texts.append(text)
+        found.append(text)
         return text
 
-    for message in unit:
+    out: list[tuple[int, str, str]] = []
+    for offset, message in enumerate(unit):
+        if offset in skip:
+            continue
+        found.clear()
         _map_message(message, deep, answered, collect)
+        out.extend((start + offset, text_part(k, len(found)), t) for k, t in enumerate(found))
+    return out
+
+
+def truncate_unit(
+    unit: Sequence[Mapping[str, Any]],
+    cap: int,
+    *,
+    deep: bool = False,
+    start: int = 0,
+    protect: AbstractSet[str] = frozenset(),
+) -> list[Mapping[str, Any]]:
+    """The unit's messages with their tool outputs (and, `deep`, assistant text and answered
+    call arguments) cut to share `cap` chars; `start` is the position of the unit's first
+    message in the history (for the markers' refs), and outputs of `protect`ed tools are left
+    whole. Unchanged messages are the same objects."""
+    found = unit_texts(unit, deep=deep, start=start, protect=protect)
+    texts = [t for _, _, t in found]
     allowed = shares(texts, cap)
     if all(len(t) <= a for t, a in zip(texts, allowed, strict=True)):
         return list(unit)
-    cuts = iter([cut_text(t, a) for t, a in zip(texts, allowed, strict=True)])
-    return [_map_message(m, deep, answered, lambda _: next(cuts)) for m in unit]
+    cuts = [
+        cut_text(t, a, ref_for(position, t, part)) if len(t) > a else t
+        for (position, part, t), a in zip(found, allowed, strict=True)
+    ]
+    answered = _answered(unit) if deep else set()
+    skip = _protected(unit, protect)
+    pending = iter(cuts)
+    return [
+        m if k in skip else _map_message(m, deep, answered, lambda _: next(pending))
+        for k, m in enumerate(unit)
+    ]

@@ -14,6 +14,7 @@ import orjson
 
 from app.compaction.formats.chat import ChatFormat
 from app.http.body import add_include_usage, parse_chat_body
+from app.proxy.restore_chat import ChatDialect
 from app.proxy.service import Api
 
 
@@ -36,4 +37,5 @@ CHAT_API = Api(
     wire=ChatFormat(),
     parse_body=parse_chat_body,
     stream_usage=ask_stream_usage,
+    restore=ChatDialect(),
 )

@@ -14,6 +14,7 @@ from typing import Any
 from app.compaction.formats.messages import MessagesFormat
 from app.errors import ProxyError
 from app.proxy.responses import parse_responses_body
+from app.proxy.restore_messages import MessagesDialect
 from app.proxy.service import Api
 from app.proxy.sse_tap import Usage
 
@@ -43,4 +44,5 @@ MESSAGES_API = Api(
     usage=Usage.from_anthropic,
     error_body=anthropic_error_body,
     anthropic=True,
+    restore=MessagesDialect(),
 )

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 import anyio
@@ -71,8 +71,11 @@ class RelayResponse(Response):
         started: float | None = None,
         on_end: Callable[[RelayResult], Awaitable[None]] | None = None,
         error_frame: Callable[[ProxyError], bytes] = ProxyError.sse_frame,
+        held: tuple[bytes, AsyncIterator[bytes]] | None = None,
     ) -> None:
         super().__init__(status_code=status_code)
+        # restore read the body's first bytes to learn its kind: those go first, then the rest
+        self.held = held
         self.upstream = upstream
         self.raw_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers]
         self.tap = tap
@@ -112,7 +115,7 @@ class RelayResponse(Response):
     async def _pump(self, send: Send, progress: _Progress) -> Exception | None:
         """Relay the body; returns the upstream failure a plain body must abort with."""
         try:
-            chunks = self.upstream.aiter_raw() if self.raw else self.upstream.aiter_bytes()
+            chunks = self._chunks()
             async for chunk in chunks:
                 out = self.tap.feed(chunk) if self.tap is not None else chunk
                 if out:
@@ -143,6 +146,17 @@ class RelayResponse(Response):
             if not progress.finished:
                 progress.outcome = "client_disconnected"
         return None
+
+    async def _chunks(self) -> AsyncIterator[bytes]:
+        """The upstream body's chunks (after the bytes already read, when held)."""
+        if self.held is None:
+            source = self.upstream.aiter_raw() if self.raw else self.upstream.aiter_bytes()
+        else:
+            head, source = self.held
+            if head:
+                yield head
+        async for chunk in source:
+            yield chunk
 
     async def _send_error(self, send: Send, error: ProxyError) -> None:
         """End an SSE stream that already started with `error` as its last event."""

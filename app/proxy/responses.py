@@ -12,6 +12,7 @@ from typing import Any
 
 from app.compaction.formats.responses import ResponsesFormat
 from app.http.body import check_stream, parse_model_body
+from app.proxy.restore_responses import ResponsesDialect
 from app.proxy.service import Api
 
 
@@ -27,4 +28,5 @@ RESPONSES_API = Api(
     upstream_path="/responses",
     wire=ResponsesFormat(),
     parse_body=parse_responses_body,
+    restore=ResponsesDialect(),
 )

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -22,6 +22,8 @@ from starlette.responses import Response
 from app.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
 from app.http.body import read_body
 from app.proxy.relay import RelayResponse, RelayResult, buffered_response
+from app.proxy.restore import Dialect, RestoreLoop, Send, follow_json, offer, restore_headers
+from app.proxy.restore_stream import follow_stream
 from app.proxy.sse_tap import SSETap, Usage
 from app.proxy.upstream import Upstream, filter_request_headers, filter_response_headers, read_all
 from app.settings import Settings
@@ -58,6 +60,7 @@ class Api:
     error_body: Callable[[ProxyError], dict[str, Any]] = openai_error_body  # the error envelope
     # Anthropic's API: sent to INFLIGHT_ANTHROPIC_UPSTREAM_URL, its key in `x-api-key`.
     anthropic: bool = False
+    restore: Dialect | None = None  # how restore offers its tool here (None: not offered)
 
     def error_frame(self, error: ProxyError) -> bytes:
         """`error` as a final SSE event, for a stream that already started."""
@@ -83,6 +86,7 @@ class Exchange:
     started: float = field(default_factory=time.perf_counter)
     retried: bool = False
     upstream_truncated: bool = False  # the upstream cut the prompt silently (DESIGN.md §11)
+    rounds: int = 1  # upstream requests restore made for it (usage is their sum)
 
     @property
     def route(self) -> str:
@@ -102,8 +106,9 @@ class Exchange:
 
     @property
     def view(self) -> Mapping[str, Any] | None:
-        """The chat-shaped view of what was sent (for calibrating the counter), if compacted."""
-        return None if self.compacted is None else self.compacted.view
+        """The chat-shaped view of what was sent (for calibrating the counter), if compacted
+        and sent once (restore's rounds sum several prompts' usage)."""
+        return None if self.compacted is None or self.rounds > 1 else self.compacted.view
 
     @property
     def tokens_before(self) -> int:
@@ -223,6 +228,7 @@ class ApiService:
         exchange.compacted = await self._compactor.prepare(
             wire, exchange.request_headers, exchange.body, route.base_url
         )
+        restoring = self._restoring(exchange)
         headers = filter_request_headers(
             request.headers.items(),
             api_key=route.api_key,
@@ -230,9 +236,20 @@ class ApiService:
             key_header="x-api-key" if self.api.anthropic else "authorization",
         )
         url = self._upstream.url(route, self.api.upstream_path, request.url.query.encode())
+
+        async def send_round(body: dict[str, Any]) -> httpx.Response:  # restore's next round
+            content = orjson.dumps(body)
+            if exchange.stream and self.api.stream_usage is not None:
+                content = self.api.stream_usage(content, body)[0]
+            return await self._upstream.send("POST", url, headers, content)
+
         while True:
             forward, tap = self._with_stream_usage(exchange)
             upstream = await self._upstream.send("POST", url, headers, forward)
+            if upstream.status_code < 400 and restoring is not None:
+                return await self._restored(
+                    exchange, restoring, (upstream, tap), send_round, route.base_url
+                )
             if upstream.status_code < 400 and tap is not None:
                 return self._relay_stream(exchange, upstream, tap, route.base_url)
             content = await read_all(upstream)
@@ -247,8 +264,46 @@ class ApiService:
                 if retry is not None:
                     exchange.compacted = retry
                     exchange.retried = True
+                    restoring = self._restoring(exchange)
                     continue
             return await self._buffered(exchange, upstream, content)
+
+    def _restoring(self, exchange: Exchange) -> RestoreLoop | None:
+        """Restore's loop when it is on and has something to offer on this API (DESIGN.md
+        §11); the forwarded body then offers the tool."""
+        if exchange.compacted is None or self.api.restore is None:
+            return None
+        offered = offer(exchange.compacted, self.api.restore)
+        if offered is None:
+            return None
+        loop, exchange.compacted = offered
+        return loop
+
+    async def _restored(
+        self,
+        exchange: Exchange,
+        loop: RestoreLoop,
+        first: tuple[httpx.Response, SSETap | None],
+        send: Send,
+        base_url: str,
+    ) -> Response:
+        """Run restore's rounds on a first answer that succeeded, then relay the last one."""
+        upstream, tap = first
+        if tap is None:
+            upstream, content = await follow_json(loop, upstream, send)
+        else:
+            held = await follow_stream(loop, upstream, send)
+            upstream = held.upstream
+            loop.prepare(tap)
+        exchange.rounds = loop.rounds
+        if exchange.compacted is not None and loop.rounds > 1:
+            report = {**exchange.compacted.headers, **restore_headers(loop)}
+            exchange.compacted = replace(exchange.compacted, headers=report)
+        if tap is None:
+            return await self._buffered(exchange, upstream, content)
+        if upstream.status_code >= 400:
+            return await self._buffered(exchange, upstream, await read_all(upstream))
+        return self._relay_stream(exchange, upstream, tap, base_url, (held.head, held.rest))
 
     async def _buffered(
         self, exchange: Exchange, upstream: httpx.Response, content: bytes
@@ -272,7 +327,7 @@ class ApiService:
         """Whether the upstream silently cut what was sent, by the usage it reported: then the
         window is learned and logged, and a JSON answer says so (DESIGN.md §11)."""
         usage, sent = exchange.usage, exchange.compacted
-        if usage is not None and sent is not None:
+        if usage is not None and sent is not None and exchange.rounds == 1:  # one prompt's usage
             exchange.upstream_truncated = self._compactor.upstream_truncated(
                 exchange.model, sent, base_url, usage.prompt_tokens
             )
@@ -303,7 +358,12 @@ class ApiService:
         return relayed + list(exchange.headers.items()) + truncated
 
     def _relay_stream(
-        self, exchange: Exchange, upstream: httpx.Response, tap: SSETap, base_url: str
+        self,
+        exchange: Exchange,
+        upstream: httpx.Response,
+        tap: SSETap,
+        base_url: str,
+        held: tuple[bytes, AsyncIterator[bytes]] | None = None,
     ) -> RelayResponse:
         exchange.status = upstream.status_code
 
@@ -329,6 +389,7 @@ class ApiService:
             started=exchange.started,
             on_end=on_end,
             error_frame=self.api.error_frame,
+            held=held,
         )
 
     async def _finish(self, exchange: Exchange) -> None:

@@ -70,6 +70,45 @@ class Usage:
             written,
         )
 
+    def plus(self, other: Usage | None) -> Usage:
+        """The sum of two requests' usage (restore's rounds); a count neither knows stays
+        unknown."""
+        if other is None:
+            return self
+
+        def add(a: int | None, b: int | None) -> int | None:
+            return None if a is None and b is None else (a or 0) + (b or 0)
+
+        return Usage(
+            add(self.prompt_tokens, other.prompt_tokens),
+            add(self.completion_tokens, other.completion_tokens),
+            add(self.cached_tokens, other.cached_tokens),
+            add(self.cache_write_tokens, other.cache_write_tokens),
+        )
+
+    def as_chat(self, original: Any) -> dict[str, Any]:
+        """A chat `usage` object: `original` (the upstream's, other fields kept) with these
+        counts."""
+        out = dict(original) if isinstance(original, dict) else {}
+        prompt, completion = self.prompt_tokens or 0, self.completion_tokens or 0
+        out.update(
+            prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
+        )
+        details = out.get("prompt_tokens_details")
+        if self.cached_tokens is not None and isinstance(details, dict):
+            out["prompt_tokens_details"] = {**details, "cached_tokens": self.cached_tokens}
+        return out
+
+    def as_responses(self, original: Any) -> dict[str, Any]:
+        """A Responses `usage` object: `original` (other fields kept) with these counts."""
+        out = dict(original) if isinstance(original, dict) else {}
+        prompt, completion = self.prompt_tokens or 0, self.completion_tokens or 0
+        out.update(input_tokens=prompt, output_tokens=completion, total_tokens=prompt + completion)
+        details = out.get("input_tokens_details")
+        if self.cached_tokens is not None and isinstance(details, dict):
+            out["input_tokens_details"] = {**details, "cached_tokens": self.cached_tokens}
+        return out
+
     def updated(self, later: Usage) -> Usage:
         """This usage with what a later report states (a stream's `message_delta`)."""
         return Usage(
@@ -78,6 +117,16 @@ class Usage:
             _first(later.cached_tokens, self.cached_tokens),
             _first(later.cache_write_tokens, self.cache_write_tokens),
         )
+
+
+def without_tool(holder: Any, name: str) -> dict[str, Any] | None:
+    """`holder` (a Responses response object) without the tool `name` in its echoed `tools`;
+    None when it has no such tool."""
+    tools = holder.get("tools") if isinstance(holder, dict) else None
+    if not isinstance(tools, list):
+        return None
+    kept = [t for t in tools if not (isinstance(t, dict) and t.get("name") == name)]
+    return None if len(kept) == len(tools) else {**holder, "tools": kept}
 
 
 def _first(*values: int | None) -> int | None:
@@ -98,20 +147,29 @@ class SSETap:
     """Feed it upstream chunks; it returns the bytes to send to the client."""
 
     strip_usage_chunk: bool = False
+    # restore's earlier rounds: added to the usage read, and the chat usage chunk the client
+    # sees states the sum (the chunk is re-encoded; every other line passes untouched)
+    carry: Usage | None = None
+    # restore on the Responses API: its tool, taken out of every response object an event
+    # echoes (those lines are re-encoded; the others pass untouched)
+    hide_tool: str | None = None
     usage: Usage | None = None
     done: bool = False
     error: Any = None
     _partial: bytes = b""
     _skip_blank: bool = field(default=False)
     _final_next: bool = False  # an `event:` line named a final event; its data line ends it
+    _rewritten: bytes | None = None  # the line `_observe` just read, with the summed usage
+    _own: Usage | None = None  # an Anthropic stream's usage so far, without `carry`
 
     def feed(self, chunk: bytes) -> bytes:
         data = self._partial + chunk
         cut = data.rfind(b"\n") + 1
         complete, self._partial = data[:cut], data[cut:]
+        rebuild = self.strip_usage_chunk or self.carry is not None or self.hide_tool is not None
         if not complete:
-            return b"" if self.strip_usage_chunk else chunk
-        if not self.strip_usage_chunk:
+            return b"" if rebuild else chunk
+        if not rebuild:
             for line in complete.splitlines():
                 self._observe(line)
             return chunk
@@ -122,9 +180,12 @@ class SSETap:
                 self._skip_blank = False
                 continue
             self._skip_blank = False
-            if self._observe(stripped):
+            if self._observe(stripped) and self.strip_usage_chunk:
                 self._skip_blank = True
+                self._rewritten = None
                 continue
+            if self._rewritten is not None:
+                line, self._rewritten = self._rewritten + line[len(stripped) :], None
             out += line
         return bytes(out)
 
@@ -133,7 +194,24 @@ class SSETap:
         rest, self._partial = self._partial, b""
         if rest:
             self._observe(rest.rstrip(b"\r"))
-        return rest if self.strip_usage_chunk else b""
+            if self._rewritten is not None:
+                rest, self._rewritten = self._rewritten, None
+        return rest if self.strip_usage_chunk or self.carry is not None else b""
+
+    def _hide(self, payload: bytes) -> None:
+        """Take the hidden tool out of the response object an event line carries."""
+        try:
+            event = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            return
+        response = event.get("response") if isinstance(event, dict) else None
+        shown = without_tool(response, self.hide_tool or "")
+        if shown is None:
+            return
+        usage = Usage.from_json(shown.get("usage"))
+        if self.carry is not None and usage is not None:  # the response states every round's
+            shown["usage"] = self.carry.plus(usage).as_responses(shown.get("usage"))
+        self._rewritten = b"data: " + orjson.dumps({**event, "response": shown})
 
     def _anthropic_usage(self, event: dict[str, Any]) -> None:
         """Anthropic's stream states usage in `message_start` (inside the message) and completes
@@ -141,7 +219,8 @@ class SSETap:
         holder = event.get("message") if event.get("type") == "message_start" else event
         usage = Usage.from_anthropic(holder.get("usage") if isinstance(holder, dict) else None)
         if usage is not None:
-            self.usage = usage if self.usage is None else self.usage.updated(usage)
+            self._own = usage if self._own is None else self._own.updated(usage)
+            self.usage = self._own if self.carry is None else self.carry.plus(self._own)
 
     def _observe(self, line: bytes) -> bool:
         """Read one line; True when it is the usage-only chunk (to cut when stripping)."""
@@ -151,6 +230,8 @@ class SSETap:
         if not line.startswith(b"data:"):
             return False
         payload = line[5:].strip()
+        if self.hide_tool is not None and self.hide_tool.encode() in payload:
+            self._hide(payload)
         if payload == b"[DONE]" or self._final_next:
             self.done = True
             if payload == b"[DONE]":
@@ -177,6 +258,9 @@ class SSETap:
         usage = Usage.from_json(inner.get("usage"))
         if usage is None:
             return False
-        self.usage = usage
+        self.usage = usage if self.carry is None else self.carry.plus(usage)
+        if self.carry is not None and inner is event:  # chat's usage chunk states the sum
+            summed = {**event, "usage": self.usage.as_chat(event.get("usage"))}
+            self._rewritten = b"data: " + orjson.dumps(summed)
         choices = event.get("choices")
         return not choices and "type" not in event  # a chat usage-only chunk (never an event)

@@ -1,0 +1,113 @@
+"""Restore's dialect for chat completions: the tool in `tools`, calls in `tool_calls`, answers
+as `tool` messages, usage as `prompt_tokens`/`completion_tokens`, streamed deltas."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from app.proxy.restore import DESCRIPTION, PARAMETERS, TOOL_NAME, Kind, names_tool
+from app.proxy.sse_tap import Usage
+
+
+def _message(answer: Any) -> dict[str, Any]:
+    choices = answer.get("choices") if isinstance(answer, dict) else None
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        message = choices[0].get("message")
+        if isinstance(message, dict):
+            return message
+    return {}
+
+
+def _function_name(tool: dict[str, Any]) -> Any:
+    function = tool.get("function")
+    return function.get("name") if isinstance(function, dict) else None
+
+
+class ChatDialect:
+    """`POST /v1/chat/completions`."""
+
+    history = "messages"
+    call_key = "id"
+
+    def tool(self) -> dict[str, Any]:
+        function = {"name": TOOL_NAME, "description": DESCRIPTION, "parameters": PARAMETERS}
+        return {"type": "function", "function": function}
+
+    def forbids(self, body: Mapping[str, Any]) -> bool:
+        """`tool_choice: none`, several choices (`n` > 1), or a client tool of that name."""
+        n = body.get("n")
+        return (
+            body.get("tool_choice") == "none"
+            or (isinstance(n, int) and n > 1)
+            or names_tool(body.get("tools"), _function_name)
+        )
+
+    def calls(self, answer: Any) -> list[dict[str, Any]]:
+        calls = _message(answer).get("tool_calls")
+        if not isinstance(calls, list):
+            return []
+        return [c for c in calls if isinstance(c, dict) and _function_name(c) == TOOL_NAME]
+
+    def arguments(self, call: Mapping[str, Any]) -> Any:
+        function = call.get("function")
+        return function.get("arguments") if isinstance(function, dict) else None
+
+    def turn(self, answer: Any, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        content = _message(answer).get("content")
+        return [{"role": "assistant", "content": content, "tool_calls": calls}]
+
+    def replies(self, answers: list[tuple[str, str]]) -> list[dict[str, Any]]:
+        return [{"role": "tool", "tool_call_id": i, "content": text} for i, text in answers]
+
+    def usage(self, answer: Any) -> Usage | None:
+        return Usage.from_json(answer.get("usage")) if isinstance(answer, dict) else None
+
+    def with_usage(self, answer: dict[str, Any], total: Usage) -> dict[str, Any]:
+        return {**answer, "usage": total.as_chat(answer.get("usage"))}
+
+    def visible(self, answer: dict[str, Any]) -> dict[str, Any] | None:
+        return None  # the answer never echoes the request's tools
+
+    def kind(self, event: dict[str, Any]) -> Kind | None:
+        choices = event.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            return None
+        delta = choices[0].get("delta")
+        if isinstance(delta, dict):
+            if delta.get("tool_calls"):
+                return "tools"
+            if delta.get("content"):
+                return "text"
+        return "text" if choices[0].get("finish_reason") else None
+
+    def assemble(self, events: list[dict[str, Any]]) -> dict[str, Any]:
+        """Deltas joined: the text, and each call's id, name and arguments by `index`."""
+        content: list[str] = []
+        calls: dict[Any, dict[str, Any]] = {}
+        usage: Any = None
+        for event in events:
+            usage = event.get("usage") or usage
+            choices = event.get("choices")
+            delta = choices[0].get("delta") if isinstance(choices, list) and choices else None
+            if not isinstance(delta, dict):
+                continue
+            if isinstance(delta.get("content"), str):
+                content.append(delta["content"])
+            for part in delta.get("tool_calls") or ():
+                if isinstance(part, dict):
+                    _add_part(calls, part)
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(content) or None}
+        message["tool_calls"] = [calls[k] for k in sorted(calls, key=str)]
+        return {"choices": [{"index": 0, "message": message}], "usage": usage}
+
+
+def _add_part(calls: dict[Any, dict[str, Any]], part: dict[str, Any]) -> None:
+    """One streamed piece of a tool call, joined to the call its `index` names."""
+    index = part.get("index", len(calls))
+    call = calls.setdefault(index, {"type": "function", "function": {"arguments": ""}})
+    call["id"] = part.get("id") or call.get("id")
+    function = part.get("function") or {}
+    if function.get("name"):
+        call["function"]["name"] = function["name"]
+    call["function"]["arguments"] += function.get("arguments") or ""

@@ -1,0 +1,126 @@
+"""Restore's dialect for Anthropic's Messages API: the tool with an `input_schema`, calls as
+`tool_use` blocks, answers as `tool_result` blocks in the next user message, usage with cache
+reads and writes, and the content-block events of a stream."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from app.proxy.restore import DESCRIPTION, PARAMETERS, TOOL_NAME, Kind, dicts_in, names_tool
+from app.proxy.sse_tap import Usage
+
+KEPT = ("thinking", "redacted_thinking", "text")  # blocks the appended turn keeps (signed)
+
+
+class MessagesDialect:
+    """`POST /v1/messages`."""
+
+    history = "messages"
+    call_key = "id"
+
+    def tool(self) -> dict[str, Any]:
+        return {"name": TOOL_NAME, "description": DESCRIPTION, "input_schema": PARAMETERS}
+
+    def forbids(self, body: Mapping[str, Any]) -> bool:
+        """`tool_choice: {"type": "none"}`, or a client tool of that name."""
+        choice = body.get("tool_choice")
+        none = isinstance(choice, dict) and choice.get("type") == "none"
+        return none or names_tool(body.get("tools"), lambda t: t.get("name"))
+
+    def calls(self, answer: Any) -> list[dict[str, Any]]:
+        return [
+            b
+            for b in dicts_in(answer, "content")
+            if b.get("type") == "tool_use" and b.get("name") == TOOL_NAME
+        ]
+
+    def arguments(self, call: Mapping[str, Any]) -> Any:
+        return call.get("input")
+
+    def turn(self, answer: Any, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Thinking (its signature kept: Anthropic checks it), non-empty text, the calls."""
+        kept = [
+            b
+            for b in dicts_in(answer, "content")
+            if b.get("type") in KEPT and (b.get("type") != "text" or b.get("text"))
+        ]
+        return [{"role": "assistant", "content": [*kept, *calls]}]
+
+    def replies(self, answers: list[tuple[str, str]]) -> list[dict[str, Any]]:
+        results = [
+            {"type": "tool_result", "tool_use_id": i, "content": text} for i, text in answers
+        ]
+        return [{"role": "user", "content": results}]
+
+    def usage(self, answer: Any) -> Usage | None:
+        return Usage.from_anthropic(answer.get("usage")) if isinstance(answer, dict) else None
+
+    def with_usage(self, answer: dict[str, Any], total: Usage) -> dict[str, Any]:
+        usage = dict(answer.get("usage") or {})
+        read, written = total.cached_tokens or 0, total.cache_write_tokens or 0
+        usage["input_tokens"] = (total.prompt_tokens or 0) - read - written
+        usage["output_tokens"] = total.completion_tokens or 0
+        if read or "cache_read_input_tokens" in usage:
+            usage["cache_read_input_tokens"] = read
+        if written or "cache_creation_input_tokens" in usage:
+            usage["cache_creation_input_tokens"] = written
+        return {**answer, "usage": usage}
+
+    def visible(self, answer: dict[str, Any]) -> dict[str, Any] | None:
+        return None  # the answer never echoes the request's tools
+
+    def kind(self, event: dict[str, Any]) -> Kind | None:
+        kind = event.get("type")
+        if kind == "content_block_start":
+            block = event.get("content_block")
+            return "tools" if isinstance(block, dict) and block.get("type") == "tool_use" else None
+        if kind == "content_block_delta":
+            delta = event.get("delta")
+            if isinstance(delta, dict) and delta.get("type") == "text_delta" and delta.get("text"):
+                return "text"
+            return None
+        return "text" if kind in ("message_delta", "message_stop") else None
+
+    def assemble(self, events: list[dict[str, Any]]) -> dict[str, Any]:
+        """`message_start`'s message with its blocks built from the deltas, and the usage and
+        stop reason of `message_delta`."""
+        message: dict[str, Any] = {"role": "assistant", "content": []}
+        blocks: dict[Any, dict[str, Any]] = {}
+        partial: dict[Any, str] = {}
+        for event in events:
+            kind = event.get("type")
+            if kind == "message_start" and isinstance(event.get("message"), dict):
+                message = {**event["message"], "content": []}
+            elif kind == "content_block_start" and isinstance(event.get("content_block"), dict):
+                blocks[event.get("index")] = dict(event["content_block"])
+            elif kind == "content_block_delta" and event.get("index") in blocks:
+                _add_delta(blocks[event["index"]], event.get("delta"), partial, event["index"])
+            elif kind == "message_delta":
+                message.update(event.get("delta") or {})
+                usage = {**(message.get("usage") or {}), **(event.get("usage") or {})}
+                message["usage"] = usage
+        for index, text in partial.items():
+            try:
+                blocks[index]["input"] = orjson.loads(text) if text else {}
+            except orjson.JSONDecodeError:
+                blocks[index]["input"] = text
+        message["content"] = [blocks[k] for k in sorted(blocks, key=str)]
+        return message
+
+
+def _add_delta(block: dict[str, Any], delta: Any, partial: dict[Any, str], index: Any) -> None:
+    """One streamed delta joined to its block (JSON input is parsed once it is whole)."""
+    if not isinstance(delta, dict):
+        return
+    kind = delta.get("type")
+    if kind == "text_delta":
+        block["text"] = block.get("text", "") + str(delta.get("text", ""))
+    elif kind == "input_json_delta":
+        partial[index] = partial.get(index, "") + str(delta.get("partial_json", ""))
+    elif kind == "thinking_delta":
+        block["thinking"] = block.get("thinking", "") + str(delta.get("thinking", ""))
+    elif kind == "signature_delta":
+        block["signature"] = block.get("signature", "") + str(delta.get("signature", ""))

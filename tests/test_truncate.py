@@ -306,3 +306,28 @@ def test_the_last_unit_fits_whenever_its_text_allows(
         truncate_unit(last, result.plan.cap, start=at),
         truncate_unit(last, result.plan.cap, deep=True, start=at),
     )
+
+
+def test_a_call_whose_arguments_are_not_cut_stays_the_clients_object() -> None:
+    """Deep truncation parses call arguments twice (to share the cap, then to cut): a call
+    none of whose strings is cut must stay the very object received, or its item is
+    re-encoded (a Responses `local_shell_call` copy, different bytes upstream)."""
+    short = {
+        "id": "a",
+        "type": "function",
+        "function": {"name": "shell", "arguments": '{"command":["ls",""],"env":{}}'},
+    }
+    long = {
+        "id": "b",
+        "type": "function",
+        "function": {"name": "write", "arguments": orjson.dumps({"text": "x" * 40_000}).decode()},
+    }
+    unit = [
+        {"role": "assistant", "content": "y" * 40_000, "tool_calls": [short, long]},
+        {"role": "tool", "tool_call_id": "a", "content": "ok"},
+        {"role": "tool", "tool_call_id": "b", "content": "ok"},
+    ]
+    out = truncate_unit(unit, 2_000, deep=True)
+    assert out[0] is not unit[0]  # the long texts were cut
+    assert out[0]["tool_calls"][0] is short
+    assert out[0]["tool_calls"][1] is not long

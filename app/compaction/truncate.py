@@ -280,7 +280,11 @@ def truncate_unit(
     answered = _answered(unit) if deep else set()
     skip = _protected(unit, protect)
     pending = iter(cuts)
-    return [
-        m if k in skip else _map_message(m, deep, answered, lambda _: next(pending))
-        for k, m in enumerate(unit)
-    ]
+
+    def cut(text: str) -> str:
+        # The texts were collected from a parse of their own: one not cut is returned as the
+        # object this pass holds, so an untouched message (or call) stays the same object.
+        done = next(pending)
+        return text if done == text else done
+
+    return [m if k in skip else _map_message(m, deep, answered, cut) for k, m in enumerate(unit)]

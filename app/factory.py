@@ -16,9 +16,10 @@ from app import __version__
 from app.banner import log_banner
 from app.compaction.formats import ApiName
 from app.compaction.service import CompactionService
+from app.compaction.summary.background import BackgroundSummaries
 from app.compaction.summary.cache import SummaryCache, SummaryFlight, open_cache
 from app.compaction.summary.prompt import Completer, SummaryPrompt
-from app.compaction.summary.rolling import Summaries
+from app.compaction.summary.rolling import Summaries, SummaryJob
 from app.dashboard.assets import DashboardAssets
 from app.errors import BadRequest, ProxyError
 from app.http.auth import KeyChecker
@@ -47,13 +48,13 @@ from app.tokens.counter import ChatTokenCounter
 from app.tokens.encodings import load_encodings
 from app.usage.ledger import Ledger, ledger_mode
 from app.usage.metrics import Metrics
-from app.usage.recording import records_for
+from app.usage.recording import records_for, summary_records
 from app.usage.records import UsageQueue, UsageRecord, UsageStore
 from app.usage.stores import open_store
 from app.usage.summary_stats import CountedCompleter, SummaryStats
 from app.windows.discovery import discover_window
 from app.windows.registry import WindowRegistry
-from app.windows.table import ModelTable
+from app.windows.table import ModelTable, Route
 
 logger = logging.getLogger(__name__)
 
@@ -94,9 +95,10 @@ def _compaction(
     table: ModelTable,
     counter: ChatTokenCounter,
     summary_stats: SummaryStats,
-) -> tuple[CompactionService, SummaryCache]:
-    """The compaction service (with its window registry) and the summary cache (closed at
-    shutdown)."""
+    submit: Callable[[UsageRecord], None],
+) -> tuple[CompactionService, SummaryCache, BackgroundSummaries]:
+    """The compaction service (with its window registry), the summary cache and the background
+    summaries (both closed at shutdown)."""
 
     async def discover(base_url: str, model: str) -> int | None:
         return await discover_window(upstream, base_url, model)
@@ -104,20 +106,65 @@ def _compaction(
     windows = WindowRegistry(table, discover, ttl=settings.discovery_ttl)
     prompt = SummaryPrompt.load(settings.config_file("summary_prompt.md"))
     cache = open_cache(settings.cache_url)
-    summaries = Summaries(prompt, SummaryFlight(cache))
+    # A background summary may take several calls: the lock outlives them.
+    summaries = Summaries(
+        prompt, SummaryFlight(cache, lock_ttl=max(120.0, 4 * settings.summary_timeout))
+    )
+    elsewhere = settings.summary_upstream_url
+    summary_route = Route(elsewhere, upstream.default_route.api_key) if elsewhere else None
 
     def completer_for(model: str, headers: Mapping[str, str], api: ApiName) -> Completer:
-        # A Messages client's summaries are asked of its Anthropic upstream, with its key.
-        ask = anthropic_summary_completer if api == "messages" else summary_completer
-        complete = ask(upstream, model, headers, settings.summary_timeout)
+        # A Messages client's summaries are asked of its Anthropic upstream, with its key
+        # (unless SUMMARY_UPSTREAM_URL sends every summary to one chat-completions upstream).
+        if api == "messages" and summary_route is None:
+            complete = anthropic_summary_completer(
+                upstream, model, headers, settings.summary_timeout
+            )
+        else:
+            complete = summary_completer(
+                upstream, model, headers, settings.summary_timeout, summary_route
+            )
         return CountedCompleter(complete, summary_stats)
 
+    def summary_upstream(model: str, api: ApiName) -> str:
+        if summary_route is not None:
+            return summary_route.base_url
+        return upstream.route(model, anthropic=api == "messages").base_url
+
+    background = _background(settings, upstream, summaries, summary_stats, submit)
     keeps = ledger_mode(settings.ledger, settings.database_url)
-    compactor = CompactionService(settings, counter, windows, summaries, completer_for, keeps)
-    return compactor, cache
+    compactor = CompactionService(
+        settings, counter, windows, summaries, completer_for, keeps,
+        background=background, summary_upstream=summary_upstream,
+    )  # fmt: skip
+    return compactor, cache, background
 
 
-def _lifespan(state: AppState, cache: SummaryCache) -> Lifespan:
+def _background(
+    settings: Settings,
+    upstream: Upstream,
+    summaries: Summaries,
+    summary_stats: SummaryStats,
+    submit: Callable[[UsageRecord], None],
+) -> BackgroundSummaries:
+    """Summaries made off the request path: their calls recorded as usage, their start gated
+    on an idle upstream (`SUMMARY_WHEN_IDLE`)."""
+
+    def record_summary(job: SummaryJob) -> None:
+        for record in summary_records(job.usage, job.model, None):
+            submit(record)
+
+    return BackgroundSummaries(
+        summaries,
+        concurrency=settings.summary_concurrency,
+        idle=upstream.idle if settings.summary_when_idle else None,
+        idle_wait=max(60.0, settings.summary_timeout),
+        on_usage=record_summary,
+        stats=summary_stats,
+    )
+
+
+def _lifespan(state: AppState, cache: SummaryCache, background: BackgroundSummaries) -> Lifespan:
     """Startup (banner, store, usage writer) and shutdown (flush, then close everything)."""
 
     @asynccontextmanager
@@ -128,6 +175,7 @@ def _lifespan(state: AppState, cache: SummaryCache) -> Lifespan:
         try:
             yield
         finally:
+            await background.aclose()  # cancel background summaries before their upstream
             await state.queue.close()  # flush every record before the store closes
             await state.store.close()
             await state.upstream.aclose()
@@ -172,14 +220,15 @@ def create_app(
     encodings = load_encodings()
     counter = ChatTokenCounter(encodings, table)
     summary_stats = SummaryStats()
-    compactor, cache = _compaction(settings, upstream, table, counter, summary_stats)
-
     meter = CostMeter(PriceTable.load(settings.config_file("prices.toml")))
     store = store if store is not None else open_store(settings.database_url)
     queue = UsageQueue(store)
     metrics = Metrics(lambda: queue.depth, counter.calibration_factors, summary_stats)
 
     submit, on_done = _recording(counter, meter, metrics, queue)
+    compactor, cache, background = _compaction(
+        settings, upstream, table, counter, summary_stats, lambda r: submit(meter.priced(r, None))
+    )
     cuts = Ledger(
         ledger_mode(settings.ledger, settings.database_url), settings.ledger_ttl, queue, store
     )
@@ -203,12 +252,12 @@ def create_app(
         metrics=metrics,
         encodings_missing=encodings.missing,
     )
-    return _asgi_app(state, cache)
+    return _asgi_app(state, _lifespan(state, cache, background))
 
 
-def _asgi_app(state: AppState, cache: SummaryCache) -> FastAPI:
+def _asgi_app(state: AppState, lifespan: Lifespan) -> FastAPI:
     """The FastAPI app over `state`: its error handlers and routes, in matching order."""
-    app = FastAPI(title="inflight", version=__version__, lifespan=_lifespan(state, cache))
+    app = FastAPI(title="inflight", version=__version__, lifespan=lifespan)
     app.state.inflight = state
     app.add_exception_handler(ProxyError, proxy_error_handler)
     app.add_exception_handler(HTTPException, _http_error_handler)

@@ -25,12 +25,15 @@ from bench import (
     load,
     overhead,
     responses,
+    summaries,
     token_accuracy,
 )
 from bench.litellm import ensure_installed, litellm_proxy
 from bench.procs import bare_relay, fake_upstream, proxy, proxy_process
 
-SECTIONS = ("hot", "latency", "load", "tokens", "compaction", "cost", "cache", "facts")
+SECTIONS = (
+    "hot", "latency", "load", "tokens", "compaction", "summaries", "cost", "cache", "facts",
+)  # fmt: skip
 
 
 def main() -> None:
@@ -110,6 +113,9 @@ def main() -> None:
         print(compaction.planning_cost_report() + "\n")
         print(compaction.scaling_report() + "\n")
         print(compaction.middle_out_report() + "\n")
+    if "summaries" in only:
+        print("## Summaries off the request path: waiting for each vs in the background\n")
+        print(summaries.report() + "\n")
     if "cost" in only:
         print("## Dollars on transcript replays: inflight vs uncompacted, caching counted\n")
         print(cost.report() + "\n")

@@ -103,7 +103,8 @@ def bare_relay(upstream_url: str) -> Iterator[str]:
 @asynccontextmanager
 async def proxy_in_process(upstream_url: str) -> AsyncIterator[httpx.AsyncClient]:
     """inflight as an ASGI app in this process (usage in a temporary SQLite file), in front of
-    `upstream_url`, with a patient summary deadline: the real-model benchmarks run on a CPU."""
+    `upstream_url`, with a patient summary deadline: the real-model benchmarks run on a CPU.
+    Its requests wait for their summaries (wait mode): what a summary keeps is measured."""
     from app.factory import create_app
     from app.settings import Settings
 
@@ -113,6 +114,7 @@ async def proxy_in_process(upstream_url: str) -> AsyncIterator[httpx.AsyncClient
             upstream_url=upstream_url,
             database_url=f"sqlite:///{Path(tmp) / 'usage.db'}",
             summary_timeout=300,
+            summary_wait=True,
         )
         app = create_app(settings)
         transport = httpx.ASGITransport(app=app)

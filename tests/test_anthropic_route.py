@@ -307,10 +307,15 @@ async def test_summaries_are_asked_of_the_anthropic_upstream_with_the_clients_ke
     response = await post(
         client,
         body,
-        **{"x-compaction-context-limit": "16000", "x-compaction-strategy": "summarize"},
+        **{
+            "x-compaction-context-limit": "16000",
+            "x-compaction-strategy": "summarize",
+            "x-compaction-summary-wait": "true",  # made for this request, with its key
+        },
     )
     assert response.status_code == 200, response.text
     assert response.headers["x-compaction-applied"] == "summarize"
+    assert response.headers["x-compaction-summary"] == "ready"
     (summary_call,) = fake.summary_requests
     assert summary_call.headers["x-api-key"] == "sk-ant-client"
     assert summary_call.headers["anthropic-version"] == "2023-06-01"

@@ -31,9 +31,13 @@ MESSAGES = [{"role": "user", "content": "Reply with the single word: pong"}]
 def proxy_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     assert LLM_URL is not None
     tmp = tmp_path_factory.mktemp("llm")
-    # ~100 prompt tokens/s on 2 cores: a cold summary of a long conversation takes minutes, so
-    # the summary deadline is what keeps `auto` answering in time (it falls back to trim).
-    app = create_app(make_settings(tmp, upstream_url=LLM_URL, summary_timeout=60))
+    # ~100 prompt tokens/s on 2 cores: a cold summary of a long conversation takes minutes.
+    # These tests wait for their summaries (bounded by the deadline: then none stands in), so
+    # no background summary of theirs outlives them on the shared one-slot server; summaries
+    # in the background are tests/test_e2e_llm_summaries.py's.
+    app = create_app(
+        make_settings(tmp, upstream_url=LLM_URL, summary_timeout=60, summary_wait=True)
+    )
     with serve(app) as url:
         yield url + "/v1"
 

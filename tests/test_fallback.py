@@ -51,8 +51,11 @@ def tiny_messages(n: int) -> list[dict[str, Any]]:
 
 @pytest.fixture
 async def proxy(tmp_path: Path, fake: FakeUpstream) -> AsyncIterator[httpx.AsyncClient]:
-    """A fresh app, so a cold summary cache; app errors come back as responses (a 500 would)."""
-    app = create_app(make_settings(tmp_path), transport=httpx.ASGITransport(app=fake.app))
+    """A fresh app, so a cold summary cache; app errors come back as responses (a 500 would).
+    Its requests wait for their summaries: compaction's own failures are what is tested."""
+    app = create_app(
+        make_settings(tmp_path, summary_wait=True), transport=httpx.ASGITransport(app=fake.app)
+    )
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
     async with (
         app.router.lifespan_context(app),

@@ -80,6 +80,7 @@ def test_two_replicas_share_postgres_and_redis(tmp_path: Path) -> None:
             "INFLIGHT_DATABASE_URL": pg,
             "INFLIGHT_CACHE_URL": redis,
             "INFLIGHT_CONFIG_DIR": str(ROOT / "config"),
+            "INFLIGHT_SUMMARY_WAIT": "true",  # each event's request makes its summary
         }
         with ExitStack() as proxies:
             replicas = [proxies.enter_context(replica(env)) for _ in range(2)]

@@ -95,7 +95,9 @@ async def test_an_agent_session_over_the_window_is_compacted_and_accepted(
 ) -> None:
     fake.context_window = 8192
     body = {"model": "gpt-4.1", "instructions": "You are a coding agent.", "input": agent_items()}
-    response = await post(client, body, **{"X-Compaction-Context-Limit": "8192"})
+    # wait mode: no summary of the next event's span is started ahead (its usage record)
+    headers = {"X-Compaction-Context-Limit": "8192", "X-Compaction-Summary-Wait": "true"}
+    response = await post(client, body, **headers)
     assert response.status_code == 200, (response.text, fake.rejected)
     assert fake.rejected == []
     applied = response.headers["x-compaction-applied"].split(",")

@@ -1,4 +1,5 @@
-"""`summarize`: one upstream call per compaction event, rolling updates, cache sharing through a
+"""`summarize` waiting for its summary (wait mode, `INFLIGHT_SUMMARY_WAIT=true`): one upstream call
+per compaction event, rolling updates, cache sharing through a
 real Redis, chunking, and every summariser failure falling back to `trim`."""
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ async def send(
 async def proxy(tmp_path: Path, fake: FakeUpstream) -> AsyncIterator[httpx.AsyncClient]:
     fake.context_window = 8192
     fake.enforce_pairs = True
-    app, client = await open_client(make_settings(tmp_path), fake)
+    app, client = await open_client(make_settings(tmp_path, summary_wait=True), fake)
     async with app.router.lifespan_context(app), client:
         yield client
 
@@ -132,7 +133,9 @@ async def test_summariser_failure_falls_back_to_trim(
     fake.context_window = 8192
     fake.enforce_pairs = True
     fake.summary_failure = failure
-    app, client = await open_client(make_settings(tmp_path, summary_timeout=0.5), fake)
+    app, client = await open_client(
+        make_settings(tmp_path, summary_wait=True, summary_timeout=0.5), fake
+    )
     try:
         async with app.router.lifespan_context(app), client:
             response = await send(client, agent_log(40))
@@ -154,7 +157,9 @@ async def test_a_failed_span_is_not_retried_by_every_following_request(
     fake.context_window = 8192
     fake.summary_failure = failure
     messages = agent_log(40)
-    app, client = await open_client(make_settings(tmp_path, summary_timeout=0.5), fake)
+    app, client = await open_client(
+        make_settings(tmp_path, summary_wait=True, summary_timeout=0.5), fake
+    )
     try:
         async with app.router.lifespan_context(app), client:
             first = await send(client, messages)
@@ -181,7 +186,9 @@ async def test_summary_timeout_bounds_the_whole_chain_not_each_call(
     fake.enforce_pairs = True
     fake.summary_failure = "slow"
     fake.summary_pause = 0.3
-    app, client = await open_client(make_settings(tmp_path, summary_timeout=0.5), fake)
+    app, client = await open_client(
+        make_settings(tmp_path, summary_wait=True, summary_timeout=0.5), fake
+    )
     async with app.router.lifespan_context(app), client:
         response = await send(client, agent_log(60))
     assert response.status_code == 200
@@ -197,7 +204,7 @@ async def test_every_summary_call_is_a_usage_record_of_the_summary_model(
     """A cold request whose rolling chain makes several calls: one `summary` record per call,
     billed to the summary model, summing to what the response headers report."""
     fake.context_window = 8192
-    app, client = await open_client(make_settings(tmp_path), fake)
+    app, client = await open_client(make_settings(tmp_path, summary_wait=True), fake)
     async with app.router.lifespan_context(app), client:
         response = await send(client, agent_log(60), **{"X-Compaction-Summary-Model": "small"})
     assert response.headers["x-compaction-applied"].endswith("summarize")
@@ -239,7 +246,8 @@ async def test_two_replicas_share_summaries_through_redis(tmp_path: Path) -> Non
     with redis_url(tmp_path) as url:
         apps = [
             create_app(
-                make_settings(tmp_path, cache_url=url), transport=httpx.ASGITransport(app=fake.app)
+                make_settings(tmp_path, summary_wait=True, cache_url=url),
+                transport=httpx.ASGITransport(app=fake.app),
             )
             for _ in range(2)
         ]

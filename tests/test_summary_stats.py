@@ -158,7 +158,7 @@ async def test_preview_says_made_cached_or_fell_back_and_stats_count_it(
 ) -> None:
     fake.context_window = 8192
     app = create_app(
-        make_settings(tmp_path, summary_timeout=5),
+        make_settings(tmp_path, summary_timeout=5, summary_wait=True),
         transport=httpx.ASGITransport(app=fake.app),
     )
     async with (
@@ -174,9 +174,11 @@ async def test_preview_says_made_cached_or_fell_back_and_stats_count_it(
         stats = (await client.get("/stats")).json()["summaries"]
         metrics = (await client.get("/metrics")).text
     assert made["summary"]["status"] == "made"
+    assert made["summary"]["state"] == "ready"  # X-Compaction-Summary: made while it waited
     assert made["summary"]["calls"] >= 1
-    assert cached["summary"] == {"status": "cached", "calls": 0}
+    assert cached["summary"] == {"status": "cached", "calls": 0, "state": "cached"}
     assert failed["summary"]["status"] == "fallback"
+    assert failed["summary"]["state"] == "failed"
     assert "HTTP 500" in failed["summary"]["why"]
     assert "trim" in failed["applied"]
     assert garbage["summary"]["status"] == "fallback"
@@ -194,7 +196,7 @@ async def test_a_summary_over_its_deadline_is_counted_as_a_timeout(
     fake.context_window = 8192
     fake.summary_failure = "stall"
     app = create_app(
-        make_settings(tmp_path, summary_timeout=0.3),
+        make_settings(tmp_path, summary_timeout=0.3, summary_wait=True),
         transport=httpx.ASGITransport(app=fake.app),
     )
     try:

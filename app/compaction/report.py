@@ -3,13 +3,19 @@ bodies of `POST /v1/compaction/preview` and `/count`."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from app.compaction.engine import CompactionResult
 from app.compaction.formats import Conversation
 from app.compaction.summary.prompt import SummaryUsage
 from app.usage.summary_stats import summary_outcome
+
+# What stood for a compaction event's cut span (DESIGN.md §12): `ready` — made for this request,
+# which waited for it; `cached` — made before; `pending` — being made in the background, the
+# request served without it; `failed` — it failed recently (backed off), served without it.
+SummaryState = Literal["ready", "pending", "cached", "failed"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +36,13 @@ class Preview:
     fallback: str | None
     summary_model: str
     error: str | None = None  # compaction itself failed: what the request got instead, and why
+    summary_state: SummaryState | None = None  # when the request's event needed a summary
+    starts: tuple[Callable[[], object], ...] = ()  # the background summaries it starts
+
+    def start_background(self) -> None:
+        """Start the background summaries this request asked for (once)."""
+        for start in self.starts:
+            start()
 
     @property
     def changed(self) -> bool:
@@ -55,6 +68,8 @@ def report_headers(preview: Preview) -> dict[str, str]:
         headers["X-Compaction-Summary-Calls"] = str(usage.calls)
         headers["X-Compaction-Summary-Prompt-Tokens"] = str(usage.prompt_tokens)
         headers["X-Compaction-Summary-Completion-Tokens"] = str(usage.completion_tokens)
+    if preview.summary_state is not None:
+        headers["X-Compaction-Summary"] = preview.summary_state
     if preview.fallback is not None:
         headers["X-Compaction-Summary-Fallback"] = preview.fallback[:200]
     if preview.error is not None:
@@ -84,8 +99,20 @@ def preview_report(preview: Preview) -> dict[str, Any]:
         "pinned_head_units": plan.head,
         "units": len(plan.units),
         "compaction_events": len(plan.events),
-        "summary": summary_outcome(result.applied, preview.summary_usage.calls, preview.fallback),
+        "summary": _summary(preview),
     }
+
+
+def _summary(preview: Preview) -> dict[str, Any]:
+    """The preview's `summary` object: what this request's summary was (`summary_outcome`,
+    `pending` while it is made in the background) and its `X-Compaction-Summary` `state`."""
+    result, state = preview.result, preview.summary_state
+    outcome = summary_outcome(result.applied, preview.summary_usage.calls, preview.fallback)
+    if state == "pending":
+        outcome["status"] = "pending"
+    if state is not None:
+        outcome["state"] = state
+    return outcome
 
 
 def count_report(preview: Preview, model: str) -> dict[str, Any]:

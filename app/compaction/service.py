@@ -10,7 +10,6 @@ service applies; it never touches the exchange itself. No web or HTTP client imp
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import secrets
 from collections.abc import Callable, Mapping
@@ -35,21 +34,25 @@ from app.compaction.policy import (
     resolve_pipeline,
 )
 from app.compaction.replays import ReplayCache, Replays
-from app.compaction.report import Preview, report_headers
-from app.compaction.summary.prompt import Completer, SummaryFailed, SummaryUsage
-from app.compaction.summary.rolling import Summaries, SummaryJob, summary_budget
+from app.compaction.report import Preview, SummaryState, report_headers
+from app.compaction.summary.background import BackgroundSummaries
+from app.compaction.summary.prompt import SummaryUsage
+from app.compaction.summary.request import (
+    Asked,
+    CompleterFactory,
+    RequestSummaries,
+    UpstreamOf,
+)
+from app.compaction.summary.rolling import Summaries, summary_budget
+from app.compaction.summary.stand_in import without_summary
 from app.errors import BadRequest, ContextLengthExceeded, ProxyError
 from app.settings import LedgerMode, OnOverflow, Settings
 from app.tokens.counter import TokenCounter, count_within
-from app.usage.summary_stats import count_fallback
 from app.windows.overflow import OverflowInfo, parse_overflow
 from app.windows.registry import WindowRegistry
 from app.windows.silent import learn_silent_cut
 from app.windows.table import anthropic_betas, output_reserve
 
-# (summary model, the client's headers, the client's API) -> where summaries are asked
-CompleterFactory = Callable[[str, Mapping[str, str], ApiName], Completer]
-PROMPT_OVERHEAD = 700  # the summary prompt's own instructions, in tokens
 # The request field that holds the history, per API (named by a too-long-to-fit error).
 CHAT = ChatFormat()  # the default adapter (stateless)
 HISTORY_PARAM: dict[ApiName, str] = {
@@ -99,15 +102,32 @@ class CompactionService:
         summaries: Summaries | None = None,
         completer_for: CompleterFactory | None = None,
         ledger: LedgerMode | None = None,
+        *,
+        background: BackgroundSummaries | None = None,
+        summary_upstream: UpstreamOf | None = None,
     ) -> None:
+        """`background` makes summaries off the request path (without it, every request waits
+        for its summary, as in wait mode); `summary_upstream` names the
+        upstream a summary of (model, API) goes to, whose idleness a background one waits
+        for (default: the request's)."""
         self._settings = settings
         self._counter = counter
         self._windows = windows
-        self._summaries = summaries
-        self._completer_for = completer_for
+        self._summarizing = (
+            RequestSummaries(
+                settings, counter, windows, summaries, completer_for, background, summary_upstream
+            )
+            if summaries is not None and completer_for is not None
+            else None
+        )
         self._default_strategies = parse_strategy(settings.strategy, "INFLIGHT_STRATEGY")
         self._ledger = ledger if ledger is not None else settings.ledger
         self._replays: ReplayCache[Any] | None = ReplayCache()  # plans resume from a prefix
+
+    @property
+    def background(self) -> BackgroundSummaries | None:
+        """The summaries being made off the request path (None: requests wait for theirs)."""
+        return self._summarizing.background if self._summarizing is not None else None
 
     async def plan(
         self,
@@ -117,9 +137,12 @@ class CompactionService:
         *,
         wire: WireFormat = CHAT,
         strategies: tuple[StrategyName, ...] | None = None,
+        forwarding: bool = False,
     ) -> Preview:
         """Compact `body` (not changed: the preview holds the body to forward) for the model's
-        window. A request the adapter says to skip is forwarded as received."""
+        window. A request the adapter says to skip is forwarded as received. `forwarding` (not
+        a preview): summaries ahead of the next event may start, and background summaries wait
+        for `Preview.start_background`, called right before the request is sent."""
         controls, cleaned = parse_controls({k.lower(): v for k, v in headers.items()}, body)
         model: str = cleaned["model"]
         window = await self._windows.window_for(
@@ -130,26 +153,18 @@ class CompactionService:
             betas=anthropic_betas(headers),
         )
         reserve = output_reserve(cleaned, window.tokens)
-        threshold = controls.threshold or self._settings.threshold
-        budget = Budget(
-            window=window.tokens,
-            reserve=reserve,
-            threshold=threshold,
-            target=min(controls.target or self._settings.target, threshold),
-        )
-        can_summarize = self._summaries is not None and self._completer_for is not None
+        budget = self._budget(controls, window.tokens, reserve)
         pipeline = resolve_pipeline(
             self._strategies(controls) if strategies is None else strategies,
-            summarizer_available=can_summarize,
+            summarizer_available=self._summarizing is not None,
         )
         summary_model = controls.summary_model or self._settings.summary_model or model
-        conversation = _view(wire, cleaned)
         job = _Job(
-            wire, cleaned, conversation, model, summary_model, base_url, headers, self._counter,
-            *self._keeping(controls),
+            wire, cleaned, _view(wire, cleaned), model, summary_model, base_url, headers,
+            self._counter, *self._keeping(controls), wait=self._waits(controls), ahead=forwarding,
         )  # fmt: skip
         outcome, error = await self._outcome(job, pipeline, budget)
-        return Preview(
+        preview = Preview(
             cleaned,
             outcome.forwarded,
             job.conversation,
@@ -164,7 +179,12 @@ class CompactionService:
             outcome.fallback,
             summary_model,
             error,
+            outcome.state,
+            tuple(job.later),
         )
+        if not forwarding:
+            preview.start_background()
+        return preview
 
     async def _outcome(
         self, job: _Job, pipeline: tuple[StrategyName, ...], budget: Budget
@@ -218,7 +238,9 @@ class CompactionService:
     async def _compact(
         self, job: _Job, pipeline: tuple[StrategyName, ...], budget: Budget
     ) -> _Outcome:
-        """Run the pipeline; `summarize` asks the upstream, and falls back to `trim`."""
+        """Run the pipeline. With `summarize`, the cut is the plan's whatever the summary's
+        state: the summary stands for the cut span when it is cached (or, in wait mode, made
+        for this request), else nothing does (DESIGN.md §12)."""
         messages = job.conversation.messages
         fixed = await offload(messages, job.count_fixed)
         replays = None
@@ -228,7 +250,8 @@ class CompactionService:
             compact, messages, pipeline, budget, job.count, fixed,
             protect=job.protect, restore=job.restore, replays=replays,
         )  # fmt: skip
-        if "summarize" not in pipeline or self._summaries is None or self._completer_for is None:
+        summarizing = self._summarizing
+        if "summarize" not in pipeline or summarizing is None:
             return job.rendered(await offload(messages, compaction))
         reserved = summary_budget(budget.goal)
         # restoring, the summary ends with the span marker: its tokens are reserved too
@@ -240,47 +263,32 @@ class CompactionService:
                 protect=job.protect, marked=job.restore, replays=replays,
             ),
         )  # fmt: skip
+        asked = job.asked()
+        await summarizing.ahead(asked, the_plan, pipeline, budget, fixed, reserved)
         if not the_plan.summarize:
             planned = partial(compaction, summary="", summary_tokens=planned_size, planned=the_plan)
             return job.rendered(await offload(messages, planned))
-        window = await self._windows.window_for(job.summary_model, job.base_url)
-        summary = SummaryJob(
-            messages=messages,
-            plan=the_plan,
-            model=job.summary_model,
-            complete=self._completer_for(job.summary_model, job.headers, job.wire.api),
-            summary_tokens=reserved,
-            chunk_tokens=max(256, window.tokens - 2 * reserved - PROMPT_OVERHEAD),
-            count_text=partial(self._counter.count_text, job.summary_model),
+        summary = await summarizing.job(asked, the_plan, reserved)
+        text, state, why = await summarizing.stand_in(asked, summary)
+        result = await offload(
+            messages,
+            partial(compaction, summary=text, summary_tokens=planned_size, planned=the_plan),
         )
-        text, why = await self._summary(self._summaries, summary, job.model)
         if text is None:
-            trimmed = tuple("trim" if s == "summarize" else s for s in pipeline)
-            fallback = partial(
-                compact, messages, trimmed, budget, job.count, fixed,
-                protect=job.protect, restore=job.restore,
-            )  # fmt: skip
-            return job.rendered(await offload(messages, fallback), summary.usage, why)
-        summarized = partial(
-            compaction, summary=text, summary_tokens=planned_size, planned=the_plan
-        )
-        return job.rendered(await offload(messages, summarized), summary.usage)
+            result = without_summary(
+                result, pipeline, planned_size, budget, job.count, marked=job.restore
+            )
+        return job.rendered(result, summary.usage, why, state)
 
-    async def _summary(
-        self, summaries: Summaries, job: SummaryJob, model: str
-    ) -> tuple[str | None, str | None]:
-        """The summary text, or None and why it failed (the caller trims instead)."""
-        deadline = self._settings.summary_timeout
-        try:
-            async with asyncio.timeout(deadline):
-                return await summaries.summary_for(job), None
-        except (SummaryFailed, TimeoutError) as exc:
-            if isinstance(exc, TimeoutError):
-                summaries.mark_failed(job)
-            why = str(exc) if isinstance(exc, SummaryFailed) else f"summary took over {deadline:g}s"
-            reason = count_fallback(job.complete, exc)  # counted in /stats and /metrics
-            logger.warning("summary failed (%s) for %s, trim instead: %s", reason, model, why)
-            return None, why
+    def _budget(self, controls: Controls, window: int, reserve: int) -> Budget:
+        threshold = controls.threshold or self._settings.threshold
+        target = min(controls.target or self._settings.target, threshold)
+        return Budget(window=window, reserve=reserve, threshold=threshold, target=target)
+
+    def _waits(self, controls: Controls) -> bool:
+        """Whether a compaction event of this request waits for its summary (wait mode)."""
+        wait = controls.summary_wait
+        return self._settings.summary_wait if wait is None else wait
 
     def forget_replays(self) -> None:
         """Plan every request from its first message (the benchmark's "before")."""
@@ -303,8 +311,10 @@ class CompactionService:
         self, wire: WireFormat, headers: Mapping[str, str], body: Mapping[str, Any], base_url: str
     ) -> Compacted:
         """What to forward for `body` (a request as received, parsed)."""
-        preview = await self.plan(headers, body, base_url, wire=wire)
-        return await self._ledgered(preview, self._compacted(wire, preview))
+        preview = await self.plan(headers, body, base_url, wire=wire, forwarding=True)
+        compacted = await self._ledgered(preview, self._compacted(wire, preview))
+        preview.start_background()  # no await from here until the caller sends the request
+        return compacted
 
     async def _ledgered(self, preview: Preview, compacted: Compacted) -> Compacted:
         """`compacted` with a ledger id and its cuts, when something was cut and the ledger is
@@ -385,7 +395,7 @@ class CompactionService:
         if info is None:
             return None
         model: str = body["model"]
-        preview = await self.plan(headers, body, base_url, wire=wire)
+        preview = await self.plan(headers, body, base_url, wire=wire, forwarding=True)
         if info.window is not None and info.window < preview.window:
             logger.warning(
                 "upstream says %s holds %d tokens, but the %s limit of %d wins",
@@ -398,7 +408,9 @@ class CompactionService:
             "upstream overflow for %s (window %s, prompt %s tokens): retrying with %d",
             model, info.window, info.prompt_tokens, preview.result.tokens_after,
         )  # fmt: skip
-        return await self._ledgered(preview, self._compacted(wire, preview))
+        compacted = await self._ledgered(preview, self._compacted(wire, preview))
+        preview.start_background()  # no await from here until the caller sends the request
+        return compacted
 
     def _cuts(self, preview: Preview) -> tuple[Cut, ...]:
         messages = list(preview.conversation.messages)
@@ -444,10 +456,28 @@ class _Job:
     protect: frozenset[str] = frozenset()  # tools whose outputs only the last unit may cut
     restore: bool = False  # a marker stands for every cut; markers' refs resolved (§11)
     counted: dict[int, int] = field(default_factory=dict)  # see count_within
+    wait: bool = False  # a compaction event waits for its summary (§12)
+    ahead: bool = False  # summaries ahead of the next event may start (a forwarded request)
+    later: list[Callable[[], object]] = field(default_factory=list)  # see `Asked.later`
 
     def count(self, message: Mapping[str, Any]) -> int:
         messages = self.conversation.messages
         return count_within(self.counter, self.model, messages, self.counted, message)
+
+    def asked(self) -> Asked:
+        """What this request's summary is asked with."""
+        return Asked(
+            self.conversation.messages,
+            self.model,
+            self.summary_model,
+            self.base_url,
+            self.headers,
+            self.wire.api,
+            self.count,
+            self.wait,
+            self.ahead,
+            self.later,
+        )
 
     def count_fixed(self) -> int:
         """The tokens of what every prompt carries whatever is cut (tools, instructions)."""
@@ -458,6 +488,7 @@ class _Job:
         result: CompactionResult,
         usage: SummaryUsage | None = None,
         fallback: str | None = None,
+        state: SummaryState | None = None,
     ) -> _Outcome:
         """The outcome of `result`: the body rendered back by the adapter when it changed."""
         forwarded = (
@@ -465,7 +496,7 @@ class _Job:
             if result.applied
             else self.body
         )
-        return _Outcome(result, forwarded, usage or SummaryUsage(), fallback)
+        return _Outcome(result, forwarded, usage or SummaryUsage(), fallback, state)
 
 
 @dataclass(frozen=True, slots=True)
@@ -474,6 +505,7 @@ class _Outcome:
     forwarded: dict[str, Any]
     usage: SummaryUsage = field(default_factory=SummaryUsage)
     fallback: str | None = None
+    state: SummaryState | None = None  # `X-Compaction-Summary`, when the event needed one
 
 
 def _view(wire: WireFormat, body: dict[str, Any]) -> Conversation:

@@ -3,7 +3,15 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+)
 from contextlib import contextmanager
 from http.cookiejar import Cookie, CookieJar
 from typing import Any, Literal, Protocol
@@ -157,8 +165,37 @@ def filter_response_headers(headers: httpx.Headers) -> list[tuple[str, str]]:
     return [(k, v) for k, v in pairs if k.lower() not in drop]
 
 
+def origin(url: str | httpx.URL) -> str:
+    """scheme://host:port of `url`: one upstream server, whatever the path."""
+    parsed = httpx.URL(url) if isinstance(url, str) else url
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    return f"{parsed.scheme}://{parsed.host}:{port}"
+
+
+class _Tracked(httpx.AsyncByteStream):
+    """A response body that calls `done` once when it is closed (read to the end, or not)."""
+
+    def __init__(self, stream: httpx.AsyncByteStream, done: Callable[[], None]) -> None:
+        self._stream = stream
+        self._done: Callable[[], None] | None = done
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._stream:
+            yield chunk
+
+    async def aclose(self) -> None:
+        try:
+            await self._stream.aclose()
+        finally:
+            done, self._done = self._done, None
+            if done is not None:
+                done()
+
+
 class Upstream:
-    """Owns the pooled `httpx.AsyncClient`; every outbound request goes through here."""
+    """Owns the pooled `httpx.AsyncClient`; every outbound request goes through here. It counts
+    the client requests in flight per upstream server (from `send` until the response is
+    closed, streams included), so that background summaries can wait for an idle one."""
 
     def __init__(
         self,
@@ -177,6 +214,7 @@ class Upstream:
         )
         self._routes = routes
         self._probe_timeout = settings.discovery_timeout
+        self._active: dict[str, int] = {}  # origin -> client requests in flight
         self.client = httpx.AsyncClient(
             transport=transport,
             timeout=httpx.Timeout(
@@ -228,16 +266,42 @@ class Upstream:
         content: bytes | AsyncIterable[bytes] | None,
         *,
         deadline: float | None = None,
+        client: bool = True,
     ) -> httpx.Response:
         """Send and return the response with its body unread (the caller must close it).
 
-        `deadline` (seconds) replaces the pooled client's timeouts for this request.
+        `deadline` (seconds) replaces the pooled client's timeouts for this request; `client`
+        is False for the proxy's own requests (summaries), which do not make an upstream busy.
         """
         request = self.client.build_request(method, url, headers=headers, content=content)
         if deadline is not None:
             request.extensions["timeout"] = httpx.Timeout(deadline).as_dict()
-        with upstream_errors(request.url, "connect"):
-            return await self.client.send(request, stream=True)
+        if not client:
+            with upstream_errors(request.url, "connect"):
+                return await self.client.send(request, stream=True)
+        server = origin(request.url)
+        self._active[server] = self._active.get(server, 0) + 1
+        try:
+            with upstream_errors(request.url, "connect"):
+                response = await self.client.send(request, stream=True)
+        except BaseException:
+            self._leave(server)
+            raise
+        body = response.stream
+        assert isinstance(body, httpx.AsyncByteStream)  # an AsyncClient's response
+        response.stream = _Tracked(body, lambda: self._leave(server))
+        return response
+
+    def _leave(self, server: str) -> None:
+        left = self._active.get(server, 0) - 1
+        if left > 0:
+            self._active[server] = left
+        else:
+            self._active.pop(server, None)
+
+    def idle(self, url: str) -> bool:
+        """Whether the upstream server of `url` has no client request in flight."""
+        return origin(url) not in self._active
 
     async def fetch_json(self, method: str, url: str, json: Any | None = None) -> Any | None:
         """A short, never-fatal JSON probe (window discovery, readiness); None on any failure.
@@ -288,11 +352,16 @@ _SUMMARY_HEADERS = frozenset(
 
 
 def summary_completer(
-    upstream: Upstream, model: str, client_headers: Mapping[str, str], deadline: float
+    upstream: Upstream,
+    model: str,
+    client_headers: Mapping[str, str],
+    deadline: float,
+    route: Route | None = None,
 ) -> Callable[[dict[str, Any]], Awaitable[tuple[int, bytes]]]:
-    """A `Completer` for summary requests: the model's route, the client's credentials (or the
-    configured upstream key), a bounded deadline; transport failures become `SummaryFailed`."""
-    route = upstream.route(model)
+    """A `Completer` for summary requests: the model's route (or `route`: the summary upstream),
+    the client's credentials (or the configured upstream key), a bounded deadline; transport
+    failures become `SummaryFailed`."""
+    route = route or upstream.route(model)
     headers = filter_request_headers(
         [(k, v) for k, v in client_headers.items() if k.lower() in _SUMMARY_HEADERS],
         api_key=route.api_key,
@@ -369,7 +438,7 @@ def _completer(
         try:
             with anyio.fail_after(deadline):  # a total deadline, not per read
                 response = await upstream.send(
-                    "POST", url, headers, orjson.dumps(body), deadline=deadline
+                    "POST", url, headers, orjson.dumps(body), deadline=deadline, client=False
                 )
                 status = response.status_code
                 return status, convert(status, await read_all(response))

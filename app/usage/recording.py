@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 import uuid
 
+from app.compaction.summary.prompt import SummaryUsage
 from app.proxy.service import Exchange
 from app.usage.records import Outcome, UsageRecord
 
@@ -86,27 +87,42 @@ def records_for(exchange: Exchange) -> list[UsageRecord]:
         )
     ]
     summary = exchange.summary_usage
-    calls = summary.each if summary is not None else ()
-    for prompt_tokens, completion_tokens in calls:
-        records.append(
-            UsageRecord(
-                ts=now,
-                request_id=request_id,
-                kind="summary",
-                model=exchange.summary_model or exchange.model,
-                client_key_id=exchange.client_key_id,
-                stream=False,
-                status=200,
-                outcome="completed",
-                latency_ms=0.0,
-                ttfb_ms=None,
-                prompt_tokens=prompt_tokens,
-                completion_tokens=completion_tokens,
-                cached_tokens=None,
-                tokens_before=0,
-                tokens_after=0,
-                strategies=("summarize",),
-                context_limit=None,
-            )
-        )
+    if summary is not None:
+        model = exchange.summary_model or exchange.model
+        records += summary_records(summary, model, exchange.client_key_id, request_id, now)
     return records
+
+
+def summary_records(
+    usage: SummaryUsage,
+    model: str,
+    client_key_id: str | None,
+    request_id: str | None = None,
+    ts: float | None = None,
+) -> list[UsageRecord]:
+    """One `kind="summary"` record per summary call of `usage` (a request's own, with its
+    `request_id`; or a background summary's, with a new one)."""
+    request_id = request_id or uuid.uuid4().hex
+    now = time.time() if ts is None else ts
+    return [
+        UsageRecord(
+            ts=now,
+            request_id=request_id,
+            kind="summary",
+            model=model,
+            client_key_id=client_key_id,
+            stream=False,
+            status=200,
+            outcome="completed",
+            latency_ms=0.0,
+            ttfb_ms=None,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            cached_tokens=None,
+            tokens_before=0,
+            tokens_after=0,
+            strategies=("summarize",),
+            context_limit=None,
+        )
+        for prompt_tokens, completion_tokens in usage.each
+    ]

@@ -29,6 +29,29 @@ from app.errors import UpstreamTimeout, UpstreamUnavailable
 
 
 @dataclass(slots=True)
+class BackgroundCounts:
+    """What the background summaries of this process did (DESIGN.md §12)."""
+
+    queued: int = 0  # waiting for a slot or for their upstream to be idle
+    running: int = 0
+    made: int = 0
+    failed: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)  # not made here, by reason
+
+    def skip(self, reason: str) -> None:
+        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "queued": self.queued,
+            "running": self.running,
+            "made": self.made,
+            "failed": self.failed,
+            "skipped": dict(self.skipped),
+        }
+
+
+@dataclass(slots=True)
 class SummaryStats:
     """Counts since this process started (each replica counts its own)."""
 
@@ -36,6 +59,7 @@ class SummaryStats:
     failures: dict[str, int] = field(default_factory=dict)  # failed calls, by reason
     fallbacks: dict[str, int] = field(default_factory=dict)  # requests that fell back, by reason
     since: float = field(default_factory=time.time)
+    background: BackgroundCounts = field(default_factory=BackgroundCounts)
 
     def failed(self, reason: str) -> None:
         self.failures[reason] = self.failures.get(reason, 0) + 1
@@ -52,6 +76,7 @@ class SummaryStats:
             "failures": dict(self.failures),
             "fallbacks": dict(self.fallbacks),
             "since": round(self.since, 3),
+            "background": self.background.snapshot(),
         }
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 from app.compaction.summary.prompt import SummaryFailed
@@ -30,6 +30,9 @@ class SummaryCache(Protocol):
     """Where finished summaries live, keyed by a hash of what they summarise."""
 
     async def get(self, key: str) -> str | None: ...
+
+    async def get_many(self, keys: Sequence[str]) -> list[str | None]:
+        """The values of `keys`, in order (one round trip where the cache is remote)."""
 
     async def set(self, key: str, value: str) -> None: ...
 
@@ -51,6 +54,9 @@ class MemoryCache:
 
     async def get(self, key: str) -> str | None:
         return self._data.get(key)
+
+    async def get_many(self, keys: Sequence[str]) -> list[str | None]:
+        return [await self.get(key) for key in keys]
 
     async def set(self, key: str, value: str) -> None:
         self._data.put(key, value)
@@ -78,6 +84,12 @@ class RedisCache:
         value = await self._redis.get(PREFIX + key)
         return value if isinstance(value, str) else None
 
+    async def get_many(self, keys: Sequence[str]) -> list[str | None]:
+        if not keys:
+            return []
+        values = await self._redis.mget([PREFIX + key for key in keys])
+        return [value if isinstance(value, str) else None for value in values]
+
     async def set(self, key: str, value: str) -> None:
         await self._redis.set(PREFIX + key, value, ex=self._ttl)
 
@@ -104,10 +116,15 @@ def open_cache(url: str | None) -> SummaryCache:
     return RedisCache(url) if url else MemoryCache()
 
 
+class SummaryBusy(Exception):
+    """Another replica holds the lock on this summary: it is being made there."""
+
+
 class SummaryFlight:
     """Finds or computes a summary once: the cache first, then one computation per key in
     this process (concurrent callers share it) and, across replicas, the holder of the
-    cache's lock; the others wait for its result, bounded by the lock's TTL."""
+    cache's lock; the others wait for its result, bounded by the lock's TTL — or, when they
+    would rather not wait (a background summary), give up at once with `SummaryBusy`."""
 
     def __init__(self, cache: SummaryCache, lock_ttl: float = 120.0, poll: float = 0.05) -> None:
         self._cache = cache
@@ -121,14 +138,30 @@ class SummaryFlight:
         """The finished value of `key`, without computing it."""
         return await self._cache.get(key)
 
-    async def get_or_compute(self, key: str, compute: Callable[[], Awaitable[str]]) -> str:
+    async def cached_many(self, keys: Sequence[str]) -> list[str | None]:
+        """The finished values of `keys`, in order (None where there is none)."""
+        return await self._cache.get_many(keys)
+
+    def computing(self, key: str) -> bool:
+        """Whether this process is computing `key` right now."""
+        return key in self._inflight
+
+    async def get_or_compute(
+        self, key: str, compute: Callable[[], Awaitable[str]], *, wait: bool = True
+    ) -> str:
+        """The value of `key`: cached, shared, or computed. With `wait=False`, a key another
+        replica holds the lock on raises `SummaryBusy` instead of waiting for its result."""
         cached = await self._cache.get(key)
         if cached is not None:
             return cached
-        return await self._inflight.run(key, lambda: self._compute_once(key, compute))
+        return await self._inflight.run(key, lambda: self._compute_once(key, compute, wait))
 
-    async def _compute_once(self, key: str, compute: Callable[[], Awaitable[str]]) -> str:
+    async def _compute_once(
+        self, key: str, compute: Callable[[], Awaitable[str]], wait: bool
+    ) -> str:
         token = await self._cache.lock(key, self._lock_ttl)
+        if token is None and not wait:
+            raise SummaryBusy(f"summary {key[:12]} is being made by another replica")
         if token is None:
             # Another replica is computing it: wait for its result, bounded by the lock's TTL.
             deadline = time.monotonic() + self._lock_ttl

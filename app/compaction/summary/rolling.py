@@ -2,11 +2,12 @@
 
 The pure planner decides which span a summary replaces (its cut only moves at compaction
 events). Here the summary for the current cut is found or made: from the cache (keyed by a hash
-of the summarised span, the model and the prompt version); else by updating the newest cached
-summary of an earlier event's cut with everything cut since (one upstream call per event when
-the cache is warm); else, on a cold cache, from scratch — always in chunks that each fit the
-summariser's window. Any failure — error status, timeout, empty or oversized answer — raises
-`SummaryFailed`; the caller falls back to `trim` for that request.
+of the summarised span, the model and the prompt version); else by updating the newest summary
+cached at an earlier unit boundary — an earlier event's cut, or a span summarised ahead of its
+event — with everything cut since (one upstream call per event when the cache is warm); else,
+on a cold cache, from scratch — always in chunks that each fit the summariser's window. Any
+failure — error status, timeout, empty or oversized answer — raises `SummaryFailed`; the
+request goes without the summary (the same cut, nothing in its place).
 """
 
 from __future__ import annotations
@@ -39,26 +40,41 @@ def summary_budget(goal_tokens: int) -> int:
     return max(128, min(1024, goal_tokens // 4))
 
 
+def boundary_keys(
+    messages: Sequence[Mapping[str, Any]],
+    plan: Plan,
+    model: str,
+    prompt: SummaryPrompt,
+    end: int | None = None,
+) -> list[tuple[int, str]]:
+    """(b, cache key of the span of units [head, b)) for every unit boundary b after the head
+    up to `end` (the plan's cut by default), oldest first.
+
+    A key hashes everything summarised up to its boundary, so it is the same on every replica
+    and changes only when the summarised content does. Every boundary has one, not only the
+    cuts of compaction events: a summary made ahead of an event (of the span it was predicted
+    to cut) is found by the event that cuts further, and updated from there.
+    """
+    end = plan.cut if end is None else end
+    h = hashlib.sha256(f"{model}\0{prompt.version}\0".encode())
+    keys: list[tuple[int, str]] = []
+    for b in range(plan.head + 1, end + 1):
+        unit = plan.units[b - 1]
+        for message in messages[unit.start : unit.end]:
+            h.update(orjson.dumps(message, option=orjson.OPT_SORT_KEYS))
+            h.update(b"\0")
+        keys.append((b, h.copy().hexdigest()))
+    return keys
+
+
 def span_keys(
     messages: Sequence[Mapping[str, Any]], plan: Plan, model: str, prompt: SummaryPrompt
 ) -> list[tuple[int, str]]:
-    """(unit where the span ends, cache key) for each event cut, oldest first.
-
-    A key hashes everything summarised up to that cut, so it is the same on every replica and
-    changes only when the summarised content does.
-    """
-    head_end = plan.units[plan.head - 1].end if plan.head else 0
-    h = hashlib.sha256(f"{model}\0{prompt.version}\0".encode())
-    keys: list[tuple[int, str]] = []
-    position = head_end
-    for cut in plan.events:
-        end = plan.units[cut].start if cut < len(plan.units) else len(messages)
-        for message in messages[position:end]:
-            h.update(orjson.dumps(message, option=orjson.OPT_SORT_KEYS))
-            h.update(b"\0")
-        position = end
-        keys.append((cut, h.copy().hexdigest()))
-    return keys
+    """(unit where the span ends, cache key) for each event cut, oldest first."""
+    if not plan.events:
+        return []
+    keys = dict(boundary_keys(messages, plan, model, prompt, max(plan.events)))
+    return [(cut, keys[cut]) for cut in plan.events]
 
 
 @dataclass(slots=True)
@@ -73,7 +89,8 @@ class SummaryJob:
     chunk_tokens: int
     count_text: TextCounter
     usage: SummaryUsage = field(default_factory=SummaryUsage)
-    key: str = ""  # the cache key of the summary this job is for (set by `summary_for`)
+    key: str = ""  # the cache key of the summary this job is for (set by `keys`)
+    upstream: str = ""  # where its calls go (a background summary waits for it to be idle)
 
 
 class Summaries:
@@ -98,16 +115,40 @@ class Summaries:
         self._retry_after = retry_after
         self._failed: BoundedLRU[str, float] = BoundedLRU(max_failures)  # key -> when to retry
 
-    async def summary_for(self, job: SummaryJob) -> str:
-        keys = span_keys(job.messages, job.plan, job.model, self.prompt)
+    def keys(self, job: SummaryJob) -> list[tuple[int, str]]:
+        """The boundary keys of `job`'s span (see `boundary_keys`); sets `job.key`, the key of
+        the summary the job is for (its plan's cut)."""
+        keys = boundary_keys(job.messages, job.plan, job.model, self.prompt)
         job.key = keys[-1][1]
-        retry = self._failed.get(job.key)
-        if retry is not None:
-            if time.monotonic() < retry:
-                raise SummaryFailed("the summary of this span failed recently; not retried yet")
-            self._failed.pop(job.key)
+        return keys
+
+    async def cached(self, key: str) -> str | None:
+        """The summary of `key` when it is made already."""
+        return await self._flight.cached(key)
+
+    def computing(self, key: str) -> bool:
+        """Whether this process is making the summary of `key` right now."""
+        return self._flight.computing(key)
+
+    def failed_recently(self, key: str) -> bool:
+        """Whether the summary of `key` failed and is backed off (not retried yet)."""
+        retry = self._failed.get(key)
+        return retry is not None and time.monotonic() < retry
+
+    async def summary_for(
+        self, job: SummaryJob, keys: list[tuple[int, str]] | None = None, *, wait: bool = True
+    ) -> str:
+        """The summary of `job`'s span: cached, shared with whoever makes it, or made here.
+        `wait=False` (a background summary): `SummaryBusy` when another replica makes it."""
+        keys = self.keys(job) if keys is None else keys
+        job.key = keys[-1][1]
+        if self.failed_recently(job.key):
+            raise SummaryFailed("the summary of this span failed recently; not retried yet")
+        self._failed.pop(job.key)
         try:
-            return await self._flight.get_or_compute(job.key, lambda: self._roll(job, keys))
+            return await self._flight.get_or_compute(
+                job.key, lambda: self._roll(job, keys), wait=wait
+            )
         except SummaryFailed:
             self.mark_failed(job)
             raise
@@ -119,18 +160,20 @@ class Summaries:
         self._failed.put(job.key, time.monotonic() + self._retry_after)
 
     async def _roll(self, job: SummaryJob, keys: list[tuple[int, str]]) -> str:
-        """The summary for the newest cut: the newest cached summary of an earlier cut updated
-        with everything cut since, in as few chunks as fit the summariser — a loop, never a
-        recursion, however many events the history holds."""
+        """The summary for the plan's cut: the newest summary cached at an earlier boundary
+        (an earlier event's cut, or a span summarised ahead) updated with everything cut
+        since, in as few chunks as fit the summariser — a loop, never a recursion, however
+        many events the history holds. One cache round trip finds it."""
         previous: str | None = None
         start = job.plan.head
-        for end, key in reversed(keys[:-1]):
-            cached = await self._flight.cached(key)
+        earlier = keys[:-1]
+        found = await self._flight.cached_many([key for _, key in earlier])
+        for (end, _), cached in zip(reversed(earlier), reversed(found), strict=True):
             if cached is not None:
                 previous, start = cached, end
                 break
         # What leaves the prompt, as the prompt showed it (pruned outputs as placeholders).
-        span = render_span(job.messages, job.plan, start, keys[-1][0])
+        span = render_span(job.messages, job.plan, start, job.plan.cut)
         return await self._summarize(job, span, previous)
 
     async def _summarize(

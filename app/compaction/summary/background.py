@@ -1,0 +1,169 @@
+"""Summaries made off the request path (DESIGN.md §12): a bounded registry of background tasks.
+
+A request never waits for a summary made here: it is served without it (`pending`), and the
+summary stands in from the first request after it is cached. The work is bounded: one task
+per span (`key`) in this process, and across replicas the cache's lock (a replica that finds
+the span locked leaves it to the holder); at most `concurrency` summaries run at once, at
+most `max_tasks` wait; a summary starts only when its upstream has no client request in flight
+(`idle`, when given), waiting for that at most `idle_wait` seconds; once started it runs to
+completion — only `aclose` (shutdown) cancels it. Failures are counted and backed off by
+`Summaries` as for a request's own summary; no exception is lost (each is logged and counted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from functools import partial
+
+from app.compaction.summary.cache import SummaryBusy
+from app.compaction.summary.prompt import SummaryFailed, SummaryUsage
+from app.compaction.summary.rolling import Summaries, SummaryJob
+from app.usage.summary_stats import CountedCompleter, SummaryStats
+
+logger = logging.getLogger(__name__)
+
+IDLE_POLL = 0.05  # seconds between looks at a busy upstream
+
+
+class BackgroundSummaries:
+    """Makes summaries in background tasks; `submit` never waits."""
+
+    def __init__(
+        self,
+        summaries: Summaries,
+        *,
+        concurrency: int = 1,
+        idle: Callable[[str], bool] | None = None,
+        idle_wait: float = 600.0,
+        max_tasks: int = 1_000,
+        on_usage: Callable[[SummaryJob], None] | None = None,
+        stats: SummaryStats | None = None,
+    ) -> None:
+        self._summaries = summaries
+        self._slots = asyncio.Semaphore(concurrency)
+        self._idle = idle
+        self._idle_wait = idle_wait
+        self._max_tasks = max_tasks
+        self._on_usage = on_usage
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._waiting: dict[str, bool] = {}  # key -> made ahead of its event, until it starts
+        self._started: set[str] = set()
+        self._closing = False
+        self._stats = stats if stats is not None else SummaryStats()
+        self.counts = self._stats.background
+
+    def pending(self, key: str) -> bool:
+        """Whether the summary of `key` is being made (or waits to be) in this process."""
+        return key in self._tasks or self._summaries.computing(key)
+
+    def full(self) -> bool:
+        """Whether no more summaries may wait."""
+        return len(self._tasks) >= self._max_tasks
+
+    def submit(self, job: SummaryJob, keys: list[tuple[int, str]], *, ahead: bool = False) -> bool:
+        """Start making `job`'s summary (its boundary `keys`, the last one its own) unless it
+        is being made already; `ahead`: of a span predicted for the next event. False when it
+        was not taken (too many waiting).
+
+        A waiting summary of a shorter span of the same conversation (a prefix of this one) is
+        superseded: the conversation has moved on, and this one's rolling update covers it.
+        Not a span a request needs now for one predicted ahead, though."""
+        key = keys[-1][1]
+        if self.pending(key):
+            return True
+        for _, shorter in keys[:-1]:
+            was_ahead = self._waiting.get(shorter)
+            if was_ahead is not None and (was_ahead or not ahead):
+                del self._waiting[shorter]
+                self._tasks[shorter].cancel()
+                self.counts.skip("superseded")
+        if self.full():
+            self.counts.skip("full")
+            return False
+        self.counts.queued += 1
+        self._waiting[key] = ahead
+        task = asyncio.create_task(self._run(job, keys), name=f"summary {key[:12]}")
+        self._tasks[key] = task
+        task.add_done_callback(partial(self._done, key))
+        return True
+
+    async def _run(self, job: SummaryJob, keys: list[tuple[int, str]]) -> None:
+        key = keys[-1][1]
+        async with self._slots:
+            if not await self._until_idle(job.upstream):
+                self.counts.skip("busy")
+                return
+            self._waiting.pop(key, None)
+            self._started.add(key)
+            self.counts.queued -= 1
+            self.counts.running += 1
+            try:
+                await self._make(job, keys)
+            finally:
+                self.counts.running -= 1
+
+    def _done(self, key: str, task: asyncio.Task[None]) -> None:
+        """A task ended (made, skipped, failed, cancelled — maybe before it ever ran)."""
+        del self._tasks[key]
+        self._waiting.pop(key, None)
+        if key in self._started:
+            self._started.discard(key)
+        else:
+            self.counts.queued -= 1
+        if task.cancelled():
+            if self._closing:
+                self.counts.skip("shutdown")
+        elif task.exception() is not None:  # not lost: logged and counted
+            self.counts.failed += 1
+            self._stats.failed("error")
+            logger.error("background summary task failed", exc_info=task.exception())
+
+    async def _until_idle(self, upstream: str) -> bool:
+        """Wait (bounded) until `upstream` has no client request in flight."""
+        if self._idle is None:
+            return True
+        deadline = time.monotonic() + self._idle_wait
+        while not self._idle(upstream):
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(IDLE_POLL)
+        return True
+
+    async def _make(self, job: SummaryJob, keys: list[tuple[int, str]]) -> None:
+        """One summary, every ending accounted for: made, made elsewhere, failed (counted and
+        backed off), or a bug (logged with its traceback, counted, backed off)."""
+        try:
+            await self._summaries.summary_for(job, keys, wait=False)
+            self.counts.made += 1
+        except SummaryBusy:
+            self.counts.skip("elsewhere")
+        except SummaryFailed as exc:  # counted by the completer, backed off by `Summaries`
+            self.counts.failed += 1
+            complete = job.complete
+            if isinstance(complete, CountedCompleter) and _answered(complete):
+                self._stats.failed("invalid_answer")  # 2xx, but no usable summary
+            logger.warning("background summary for %s failed: %s", job.model, exc)
+        except Exception:
+            self.counts.failed += 1
+            self._stats.failed("error")
+            self._summaries.mark_failed(job)
+            logger.exception("background summary for %s failed", job.model)
+        finally:
+            if self._on_usage is not None and job.usage != SummaryUsage():
+                self._on_usage(job)
+
+    async def aclose(self) -> None:
+        """Cancel every background summary (shutdown) and wait until they have ended."""
+        self._closing = True
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _answered(complete: CountedCompleter) -> bool:
+    """Whether the summariser's last call answered 2xx (the summary failed on its content)."""
+    return complete.calls > 0 and complete.last_failure is None

@@ -1,0 +1,154 @@
+"""The summary a request's compaction event needs (DESIGN.md §12): cached, waited for (wait
+mode), or made in the background while the request is served without it; and, near the
+threshold, the summary of the span the next event will cut, started ahead of it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+from app.compaction.formats import ApiName
+from app.compaction.offload import offload
+from app.compaction.planner import MessageCounter, Plan
+from app.compaction.policy import Budget, StrategyName
+from app.compaction.report import SummaryState
+from app.compaction.summary.ahead import next_event
+from app.compaction.summary.background import BackgroundSummaries
+from app.compaction.summary.prompt import Completer, SummaryFailed
+from app.compaction.summary.rolling import Summaries, SummaryJob
+from app.settings import Settings
+from app.tokens.counter import TokenCounter
+from app.usage.summary_stats import count_fallback
+from app.windows.registry import WindowRegistry
+
+# (summary model, the client's headers, the client's API) -> where summaries are asked
+CompleterFactory = Callable[[str, Mapping[str, str], ApiName], Completer]
+# (summary model, the client's API) -> the base URL of the upstream its summaries go to
+UpstreamOf = Callable[[str, ApiName], str]
+PROMPT_OVERHEAD = 700  # the summary prompt's own instructions, in tokens
+# What a request's summary and its outcome come to: the text (None: not there), its state
+# for `X-Compaction-Summary`, and why it failed when it did.
+StandIn = tuple[str | None, SummaryState, str | None]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Asked:
+    """One request's side of a summary: its history, and where and how to ask for it."""
+
+    messages: Sequence[Mapping[str, Any]]
+    model: str  # the request's own model
+    summary_model: str
+    base_url: str
+    headers: Mapping[str, str]
+    api: ApiName
+    count: MessageCounter
+    wait: bool  # the request waits for its summary (wait mode)
+    ahead: bool = True  # it is forwarded: summaries ahead of its next event may start
+    # Background summaries this request starts, once its compaction is done: its own upstream
+    # request is in flight by the time they look whether that upstream is idle.
+    later: list[Callable[[], object]] = field(default_factory=list)
+
+
+class RequestSummaries:
+    """Finds the summary for a request's cut span, and starts the ones ahead of it."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        counter: TokenCounter,
+        windows: WindowRegistry,
+        summaries: Summaries,
+        completer_for: CompleterFactory,
+        background: BackgroundSummaries | None = None,
+        upstream_of: UpstreamOf | None = None,
+    ) -> None:
+        self._settings = settings
+        self._counter = counter
+        self._windows = windows
+        self._summaries = summaries
+        self._completer_for = completer_for
+        self.background = background
+        self._upstream_of = upstream_of
+
+    async def job(self, asked: Asked, the_plan: Plan, reserved: int) -> SummaryJob:
+        """What making the summary of `the_plan`'s cut span takes."""
+        window = await self._windows.window_for(asked.summary_model, asked.base_url)
+        upstream_of = self._upstream_of
+        return SummaryJob(
+            messages=asked.messages,
+            plan=the_plan,
+            model=asked.summary_model,
+            complete=self._completer_for(asked.summary_model, asked.headers, asked.api),
+            summary_tokens=reserved,
+            chunk_tokens=max(256, window.tokens - 2 * reserved - PROMPT_OVERHEAD),
+            count_text=partial(self._counter.count_text, asked.summary_model),
+            upstream=upstream_of(asked.summary_model, asked.api) if upstream_of else asked.base_url,
+        )
+
+    async def ahead(
+        self,
+        asked: Asked,
+        the_plan: Plan,
+        pipeline: tuple[StrategyName, ...],
+        budget: Budget,
+        fixed: int,
+        reserved: int,
+    ) -> None:
+        """Near the threshold (`SUMMARY_AHEAD`), start summarising the span the next event
+        will cut, in the background: the event then finds its summary made, or a prefix of it
+        that a rolling update extends."""
+        background, summaries = self.background, self._summaries
+        if background is None or asked.wait or not asked.ahead:
+            return
+        if the_plan.tokens_after < self._settings.summary_ahead * budget.budget:
+            return
+        predict = partial(next_event, asked.messages, the_plan, pipeline, budget, asked.count)
+        nxt = await offload(asked.messages, partial(predict, fixed, reserved))
+        if nxt is None:
+            return
+        ahead = await self.job(asked, nxt, reserved)
+        keys = summaries.keys(ahead)
+        if any(background.pending(key) for end, key in keys if end > the_plan.cut):
+            return  # one summary ahead at a time per conversation; a later request extends it
+        if summaries.failed_recently(ahead.key) or await summaries.cached(ahead.key) is not None:
+            return
+        asked.later.append(partial(background.submit, ahead, keys, ahead=True))
+
+    async def stand_in(self, asked: Asked, job: SummaryJob) -> StandIn:
+        """The summary of `job`'s span for this request: cached; else, in wait mode, made now;
+        else being made in the background (`pending`) — or `failed`, backed off."""
+        summaries = self._summaries
+        keys = summaries.keys(job)
+        cached = await summaries.cached(job.key)
+        if cached is not None:
+            return cached, "cached", None
+        if asked.wait or self.background is None:
+            return await self._waited(job, keys, asked.model)
+        if summaries.failed_recently(job.key):
+            why = "the summary of this span failed recently; not retried yet"
+            count_fallback(job.complete, SummaryFailed(why))
+            return None, "failed", why
+        if self.background.full() and not self.background.pending(job.key):
+            return None, "failed", "too many summaries waiting to be made"
+        asked.later.append(partial(self.background.submit, job, keys))
+        return None, "pending", None
+
+    async def _waited(self, job: SummaryJob, keys: list[tuple[int, str]], model: str) -> StandIn:
+        """Wait mode: the summary made for this request, bounded by `SUMMARY_TIMEOUT`."""
+        deadline = self._settings.summary_timeout
+        try:
+            async with asyncio.timeout(deadline):
+                return await self._summaries.summary_for(job, keys), "ready", None
+        except (SummaryFailed, TimeoutError) as exc:
+            if isinstance(exc, TimeoutError):
+                self._summaries.mark_failed(job)
+            why = str(exc) if isinstance(exc, SummaryFailed) else f"summary took over {deadline:g}s"
+            reason = count_fallback(job.complete, exc)  # counted in /stats and /metrics
+            logger.warning("summary failed (%s) for %s, none stands in: %s", reason, model, why)
+            return None, "failed", why

@@ -1,0 +1,164 @@
+"""Summaries off the request path (DESIGN.md §12), before and after: the transcripts replayed
+turn by turn through real proxy processes against a fake upstream whose summary calls are slow,
+with wait mode on (`INFLIGHT_SUMMARY_WAIT=true`: each compaction event waits for its summary,
+the old way) and off (the default: summaries made in the background) side by side.
+
+Reported per mode: per-request latency (p50/p99/max), compaction events counted as prompt
+changes (requests whose forwarded prompt does not extend the previous one: the events, plus
+each summary that lands after its event) and mean prefix reuse (the share of a prompt's tokens
+that repeat the previous prompt's prefix: what an upstream prompt cache reuses).
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from app.tokens.counter import ChatTokenCounter
+from app.tokens.encodings import load_encodings
+from bench.procs import process, proxy_process
+from tests.conversations import common_prefix
+from tests.support import free_port, load_traces, request_points
+
+SUMMARY_SECONDS = 2.0
+ANSWER_SECONDS = 1.0
+WINDOW = 8192
+MAX_TOKENS = 1024
+
+
+@dataclass
+class Replay:
+    """One mode's replay of every transcript."""
+
+    latencies: list[float] = field(default_factory=list)
+    changes: int = 0
+    shares: list[float] = field(default_factory=list)
+    states: dict[str, int] = field(default_factory=dict)
+
+
+@contextmanager
+def summary_upstream() -> Any:
+    port = free_port()
+    argv = [
+        sys.executable, "-m", "bench.summary_upstream", str(port),
+        str(SUMMARY_SECONDS), str(ANSWER_SECONDS),
+    ]  # fmt: skip
+    with process(argv, f"http://127.0.0.1:{port}/v1/models"):
+        yield f"http://127.0.0.1:{port}/v1"
+
+
+def _conversation(base_url: str, messages: list[dict[str, Any]]) -> Replay:
+    """One transcript, request by request, as its client would send them."""
+    counter = ChatTokenCounter(load_encodings())
+
+    def tokens(messages: Sequence[Mapping[str, Any]]) -> int:
+        return sum(counter.count_message("gpt-4o", m) for m in messages)
+
+    out = Replay()
+    previous: list[Any] | None = None
+    with httpx.Client(timeout=120) as client:
+        for k in request_points(messages):
+            body = {"model": "bench", "messages": messages[:k], "max_tokens": MAX_TOKENS}
+            started = time.perf_counter()
+            response = client.post(
+                base_url + "/chat/completions",
+                json=body,
+                headers={"X-Compaction-Context-Limit": str(WINDOW)},
+            )
+            out.latencies.append(time.perf_counter() - started)
+            response.raise_for_status()
+            state = response.headers.get("x-compaction-summary")
+            if state is not None:
+                out.states[state] = out.states.get(state, 0) + 1
+            sent = response.json()["bench_messages"]
+            if previous is not None:
+                same = common_prefix(previous, sent)
+                out.changes += same < len(previous)
+                out.shares.append(tokens(sent[:same]) / max(1, tokens(sent)))
+            previous = sent
+    return out
+
+
+def _replay(base_url: str, traces: Sequence[tuple[str, list[dict[str, Any]]]]) -> Replay:
+    """Every transcript at once, each its own client (as concurrent agent sessions)."""
+    with ThreadPoolExecutor(len(traces)) as pool:
+        parts = list(pool.map(lambda trace: _conversation(base_url, trace[1]), traces))
+    out = Replay()
+    for part in parts:
+        out.latencies += part.latencies
+        out.changes += part.changes
+        out.shares += part.shares
+        for state, n in part.states.items():
+            out.states[state] = out.states.get(state, 0) + n
+    return out
+
+
+def _ms(values: Sequence[float], q: float) -> str:
+    ordered = sorted(values)
+    return f"{ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000:,.0f} ms"
+
+
+def report() -> str:
+    traces = load_traces()
+    env = {
+        "INFLIGHT_DATABASE_URL": "none",
+        "INFLIGHT_SUMMARY_TIMEOUT": "60",
+        # the fake answers concurrently, like a hosted API or a separate SUMMARY_UPSTREAM_URL
+        "INFLIGHT_SUMMARY_WHEN_IDLE": "false",
+        "INFLIGHT_SUMMARY_CONCURRENCY": str(len(traces)),  # one per session
+    }
+    with ExitStack() as stack:
+        upstream = stack.enter_context(summary_upstream())
+        modes = {
+            "wait (before)": {**env, "INFLIGHT_SUMMARY_WAIT": "true"},
+            "background (after)": {**env, "INFLIGHT_SUMMARY_WAIT": "false"},
+            "background, SUMMARY_AHEAD=0.55": {
+                **env,
+                "INFLIGHT_SUMMARY_WAIT": "false",
+                "INFLIGHT_SUMMARY_AHEAD": "0.55",
+            },
+        }
+        urls = {
+            name: stack.enter_context(proxy_process(upstream, e))[0] for name, e in modes.items()
+        }
+        with ThreadPoolExecutor(len(urls)) as pool:
+            futures = {name: pool.submit(_replay, url, traces) for name, url in urls.items()}
+            results = {name: future.result() for name, future in futures.items()}
+    waited = results["wait (before)"].changes
+    lines = [
+        "| mode | requests | p50 | p99 | max | prompt changes | mean prefix reuse | "
+        "X-Compaction-Summary |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for name, r in results.items():
+        states = ", ".join(f"{k} {v}" for k, v in sorted(r.states.items()))
+        lines.append(
+            f"| {name} | {len(r.latencies)} | {_ms(r.latencies, 0.5)} | {_ms(r.latencies, 0.99)} "
+            f"| {max(r.latencies) * 1000:,.0f} ms | {r.changes} "
+            f"| {statistics.mean(r.shares):.1%} | {states} |"
+        )
+    verdicts = []
+    for name, r in list(results.items())[1:]:
+        ratio = r.changes / max(1, waited)
+        within = "within" if ratio <= 1.5 else "NOT within"
+        verdicts.append(
+            f"{name}: {r.changes} against {waited} waiting, {ratio:.2f}× — {within} 1.5×"
+        )
+    legend = (
+        f"The {len(traces)} transcripts in `tests/data/traces` replayed at once, each request by "
+        f"request as its own session, at a {WINDOW:,}-token window ({MAX_TOKENS}-token output "
+        f"reserve, strategy `auto`), through a proxy process to a fake upstream that answers in "
+        f"{ANSWER_SECONDS:g} s (a model answering) and summarises in {SUMMARY_SECONDS:g} s, "
+        f"serving requests concurrently (`SUMMARY_WHEN_IDLE=false`, `SUMMARY_CONCURRENCY="
+        f"{len(traces)}`); both modes run side by side.\n\n"
+    )
+    summary = "\n\nPrompt changes in the background — " + "; ".join(verdicts) + "."
+    return legend + "\n".join(lines) + summary

@@ -56,6 +56,12 @@ def store() -> WatchedStore:
 
 
 @pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    """Summaries made for the request that needs them: their records are counted with it."""
+    return make_settings(tmp_path, summary_wait=True)
+
+
+@pytest.fixture
 async def app(
     settings: Settings, fake: FakeUpstream, store: WatchedStore
 ) -> AsyncIterator[FastAPI]:

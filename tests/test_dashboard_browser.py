@@ -110,8 +110,11 @@ def fill(base_url: str, store: WatchedStore, fake: FakeUpstream, headers: dict[s
 def proxy(tmp_path: Path, fake: FakeUpstream) -> Iterator[tuple[str, WatchedStore]]:
     fake.prompt_tokens = 150_000  # a price you can see
     store = WatchedStore()
+    # summaries made for the request that needs them: `fill` counts their records at once
     app = create_app(
-        make_settings(tmp_path), transport=httpx.ASGITransport(app=fake.app), store=store
+        make_settings(tmp_path, summary_wait=True),
+        transport=httpx.ASGITransport(app=fake.app),
+        store=store,
     )
     with serve(app) as base_url:
         yield base_url, store
@@ -121,7 +124,7 @@ def proxy(tmp_path: Path, fake: FakeUpstream) -> Iterator[tuple[str, WatchedStor
 def keyed_proxy(tmp_path: Path, fake: FakeUpstream) -> Iterator[tuple[str, WatchedStore]]:
     fake.prompt_tokens = 150_000
     store = WatchedStore()
-    settings = make_settings(tmp_path, api_keys=KEY)
+    settings = make_settings(tmp_path, api_keys=KEY, summary_wait=True)
     app = create_app(settings, transport=httpx.ASGITransport(app=fake.app), store=store)
     with serve(app) as base_url:
         yield base_url, store

@@ -525,12 +525,13 @@ async def test_without_its_summary_the_output_keeps_the_invariants(
     head = pinned_head(messages, units)
     head_end = units[head - 1].end if head else 0
     assert all(a is b for a, b in zip(out[:head_end], messages[:head_end], strict=True))
-    tail = messages[units[-1].start :]
+    last = units[-1].start
+    tail = messages[last:]
     cap = result.plan.cap
     assert out[len(out) - len(tail) :] in (
         tail,
-        truncate_unit(tail, cap),
-        truncate_unit(tail, cap, deep=True),
+        truncate_unit(tail, cap, start=last),
+        truncate_unit(tail, cap, deep=True, start=last),
     )
     # 4. monotone and bounded
     assert result.tokens_after <= result.tokens_before

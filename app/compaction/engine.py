@@ -1,7 +1,9 @@
 """`compact`: plan, render, and report — the synchronous entry point of the pure core.
 
 `summarize` needs the upstream, so here it plans the cut a summary would replace; the async
-summary layer swaps in the summary text, and on any failure re-plans with `trim`.
+summary layer swaps in the summary text when one is cached or made. Without it the same cut is
+rendered with nothing (or a stand-in note, or restore's marker) in its place — never re-planned,
+so the summary landing later is one prompt change (DESIGN.md §12).
 
 With restore on (DESIGN.md §11) what was cut or dropped is never silent: one marker naming the
 span's ref stands where a summary would (§4.6 placement, its tokens reserved like a summary's),

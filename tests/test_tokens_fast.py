@@ -1,0 +1,95 @@
+"""The fast counting paths give exactly the figures of their straightforward definitions:
+the heuristic's bit counts equal its regexes, and exact counts equal tiktoken's own."""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app.tokens import heuristic as h
+from app.tokens.counter import ChatTokenCounter
+from app.tokens.encodings import EncodingSet, load_encodings
+from tests.support import load_traces
+from tests.test_tokens import reference_count
+
+
+def by_regex(text: str) -> int:
+    """The heuristic as its regexes define it, one pass per feature (the former code)."""
+    if not text:
+        return 0
+    longs = h._LONG_WORD.findall(text)
+    total = (
+        h.W_WORD * len(h._WORD.findall(text))
+        + h.W_LONG_LETTER * (sum(map(len, longs)) - 6 * len(longs))
+        + h.W_DIGIT * len(h._DIGIT.findall(text))
+        + h.W_NEWLINES * len(h._NEWLINES.findall(text))
+        + h.W_SPACE_RUN * len(h._SPACE_RUN.findall(text))
+        + h.W_SYMBOL * len(h._SYMBOL.findall(text))
+    )
+    return max(1, math.ceil(total + h.non_ascii_tokens(text)))
+
+
+def _texts(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [t for k, v in value.items() for t in [k, *_texts(v)]]
+    if isinstance(value, list):
+        return [t for item in value for t in _texts(item)]
+    return []
+
+
+@pytest.fixture(scope="module")
+def encodings(tmp_path_factory: pytest.TempPathFactory) -> EncodingSet:
+    return load_encodings(tmp_path_factory.mktemp("tiktoken"))
+
+
+def test_heuristic_equals_its_regexes_on_the_transcripts() -> None:
+    for name, messages in load_traces():
+        for text in _texts(messages):
+            assert h.heuristic_tokens(text) == by_regex(text), (name, text[:80])
+
+
+# runs that meet at every boundary the counts look at: words of 6 and 7 letters, blanks,
+# newlines, digits, punctuation, non-ASCII letters, CJK, emoji, a lone surrogate, NUL
+PIECES = ["a", "Zz", "abcdef", "abcdefg", " ", "\t", "  ", "\n", "\n\n", "\r", "7", "(", "==",
+          "é", "ж", "中", "😀", "\ud800", "\0", "\x7f"]  # fmt: skip
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from(PIECES), max_size=40) | st.text(max_size=80))
+def test_heuristic_equals_its_regexes(text: str | list[str]) -> None:
+    text = text if isinstance(text, str) else "".join(text)
+    assert h.heuristic_tokens(text) == by_regex(text)
+
+
+@pytest.mark.parametrize("piece", ["abcdefghijklmn", "    ", "\n\n\n", "a1 b2", "x\t\t\ty"])
+def test_heuristic_equals_its_regexes_across_chunks(piece: str) -> None:
+    """Texts longer than a chunk: a word, a run of blanks or newlines straddling a boundary
+    (at every offset) is counted once, as the regexes count it."""
+    for offset in range(len(piece) + 8):
+        for filler in (".", "a", " ", "é"):
+            head = filler * ((h._CHUNK - offset) // len(filler.encode()))
+            text = head + piece + filler * 10
+            assert h.heuristic_tokens(text) == by_regex(text), (piece, offset, filler)
+    rnd = random.Random(len(piece))
+    text = "".join(rnd.choices(PIECES, k=200_000))  # several boundaries, anything across them
+    assert h.heuristic_tokens(text) == by_regex(text)
+
+
+@pytest.mark.parametrize(("model", "name"), [("gpt-4o", "o200k_base"), ("gpt-4", "cl100k_base")])
+def test_exact_counts_equal_tiktoken_on_the_transcripts(
+    encodings: EncodingSet, model: str, name: str
+) -> None:
+    """Every transcript, counted cold, is exactly the cookbook count with tiktoken."""
+    enc = encodings.get(name)
+    for trace, messages in load_traces():
+        counter = ChatTokenCounter(encodings)
+        assert counter.count_request(model, {"messages": messages}) == reference_count(
+            enc, messages
+        ), trace

@@ -93,3 +93,57 @@ def test_exact_counts_equal_tiktoken_on_the_transcripts(
         assert counter.count_request(model, {"messages": messages}) == reference_count(
             enc, messages
         ), trace
+
+
+@pytest.mark.parametrize("name", ["o200k_base", "cl100k_base"])
+def test_the_ascii_counter_loaded_and_is_what_the_counter_uses(
+    encodings: EncodingSet, name: str
+) -> None:
+    """quicktok is a dependency: it loads, passes its checks, and counts ASCII text."""
+    fast = encodings.ascii_counter(name)
+    assert fast is not None
+    calls: list[str] = []
+    spy = ChatTokenCounter(encodings)
+    spy._tokenizers[name] = (encodings.get(name), lambda t: calls.append(t) or fast(t))
+    model = "gpt-4o" if name == "o200k_base" else "gpt-4"
+    spy.count_text(model, "plain ASCII")
+    spy.count_text(model, "not ASCII: é")
+    assert calls == ["plain ASCII"]
+
+
+ASCII = st.text(alphabet=st.characters(max_codepoint=127), max_size=200)
+WORDY = st.lists(
+    st.sampled_from(["'s", "'T", "'ll", " ", "  ", "\n", "\r\n", "\t", "123", "4567", "ab", "CD",
+                     "Ef", "(", ")", "!!", "<|endoftext|>", "\x00", "\x0b", "x" * 30]),
+    max_size=60,
+).map("".join)  # fmt: skip
+
+
+@settings(max_examples=600, deadline=None)
+@given(ASCII | WORDY, st.sampled_from(["o200k_base", "cl100k_base"]))
+def test_the_ascii_counter_equals_tiktoken(encodings: EncodingSet, text: str, name: str) -> None:
+    fast = encodings.ascii_counter(name)
+    assert fast is not None
+    assert fast(text) == len(encodings.get(name).encode_ordinary(text))
+
+
+def test_a_disagreeing_ascii_counter_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check at load: a tokenizer whose counts differ from tiktoken's is left out."""
+    import quicktok
+
+    from app.tokens import encodings as encodings_module
+
+    class Off:
+        def __init__(self, name: str, data: str) -> None:
+            self._real = quicktok.Tokenizer(name, data)
+            self.n_vocab = self._real.n_vocab
+            self.decode_single_token_bytes = self._real.decode_single_token_bytes
+
+        def count(self, text: str) -> int:
+            return int(self._real.count(text)) + (" " in text)
+
+    monkeypatch.setattr(quicktok, "Tokenizer", Off)
+    monkeypatch.setattr(encodings_module, "_ascii_counters", {})
+    loaded = load_encodings()
+    assert loaded.ascii_counter("o200k_base") is None
+    assert loaded.get("o200k_base") is not None

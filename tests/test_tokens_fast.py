@@ -3,7 +3,6 @@ the heuristic's bit counts equal its regexes, and exact counts equal tiktoken's 
 
 from __future__ import annotations
 
-import math
 import random
 from typing import Any
 
@@ -14,24 +13,9 @@ from hypothesis import strategies as st
 from app.tokens import heuristic as h
 from app.tokens.counter import ChatTokenCounter
 from app.tokens.encodings import EncodingSet, load_encodings
+from app.tokens.heuristic import heuristic_tokens_by_regex
 from tests.support import load_traces
 from tests.test_tokens import reference_count
-
-
-def by_regex(text: str) -> int:
-    """The heuristic as its regexes define it, one pass per feature (the former code)."""
-    if not text:
-        return 0
-    longs = h._LONG_WORD.findall(text)
-    total = (
-        h.W_WORD * len(h._WORD.findall(text))
-        + h.W_LONG_LETTER * (sum(map(len, longs)) - 6 * len(longs))
-        + h.W_DIGIT * len(h._DIGIT.findall(text))
-        + h.W_NEWLINES * len(h._NEWLINES.findall(text))
-        + h.W_SPACE_RUN * len(h._SPACE_RUN.findall(text))
-        + h.W_SYMBOL * len(h._SYMBOL.findall(text))
-    )
-    return max(1, math.ceil(total + h.non_ascii_tokens(text)))
 
 
 def _texts(value: Any) -> list[str]:
@@ -52,7 +36,7 @@ def encodings(tmp_path_factory: pytest.TempPathFactory) -> EncodingSet:
 def test_heuristic_equals_its_regexes_on_the_transcripts() -> None:
     for name, messages in load_traces():
         for text in _texts(messages):
-            assert h.heuristic_tokens(text) == by_regex(text), (name, text[:80])
+            assert h.heuristic_tokens(text) == heuristic_tokens_by_regex(text), (name, text[:80])
 
 
 # runs that meet at every boundary the counts look at: words of 6 and 7 letters, blanks,
@@ -65,7 +49,7 @@ PIECES = ["a", "Zz", "abcdef", "abcdefg", " ", "\t", "  ", "\n", "\n\n", "\r", "
 @given(st.lists(st.sampled_from(PIECES), max_size=40) | st.text(max_size=80))
 def test_heuristic_equals_its_regexes(text: str | list[str]) -> None:
     text = text if isinstance(text, str) else "".join(text)
-    assert h.heuristic_tokens(text) == by_regex(text)
+    assert h.heuristic_tokens(text) == heuristic_tokens_by_regex(text)
 
 
 @pytest.mark.parametrize("piece", ["abcdefghijklmn", "    ", "\n\n\n", "a1 b2", "x\t\t\ty"])
@@ -76,10 +60,14 @@ def test_heuristic_equals_its_regexes_across_chunks(piece: str) -> None:
         for filler in (".", "a", " ", "é"):
             head = filler * ((h._CHUNK - offset) // len(filler.encode()))
             text = head + piece + filler * 10
-            assert h.heuristic_tokens(text) == by_regex(text), (piece, offset, filler)
+            assert h.heuristic_tokens(text) == heuristic_tokens_by_regex(text), (
+                piece,
+                offset,
+                filler,
+            )
     rnd = random.Random(len(piece))
     text = "".join(rnd.choices(PIECES, k=200_000))  # several boundaries, anything across them
-    assert h.heuristic_tokens(text) == by_regex(text)
+    assert h.heuristic_tokens(text) == heuristic_tokens_by_regex(text)
 
 
 @pytest.mark.parametrize(("model", "name"), [("gpt-4o", "o200k_base"), ("gpt-4", "cl100k_base")])

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import partial
 from typing import Any
+from unittest.mock import patch
 
 import httpx
 import orjson
@@ -29,7 +30,8 @@ from app.compaction.replays import ReplayCache, Replays
 from app.factory import create_app
 from app.settings import Settings
 from app.tokens.counter import ChatTokenCounter, count_within
-from app.tokens.encodings import load_encodings
+from app.tokens.encodings import EncodingSet, load_encodings
+from app.tokens.heuristic import heuristic_tokens, heuristic_tokens_by_regex
 from bench.overhead import _bare_relay, _upstream
 from bench.variant import without_replays
 from tests.support import load_traces
@@ -255,18 +257,33 @@ def _median_ms(work: Callable[[], object], runs: int = 5) -> float:
     return statistics.median(samples)
 
 
-def cold_counting() -> str:
+def cold_counting(runs: int = 21) -> str:
+    """A 300-message transcript counted by a new counter each time, after and before: exact
+    counts with quicktok for ASCII text against tiktoken alone, the heuristic against its
+    former regex passes (the same figures: tests/test_tokens_fast.py)."""
     encodings = load_encodings()
+    tiktoken_only = EncodingSet(encodings.encodings, encodings.missing)
     traces = load_traces()
     name, messages = min(traces, key=lambda t: abs(len(t[1]) - 300))
     body: Mapping[str, Any] = {"messages": messages}
+    cases = [
+        ("gpt-4o", "o200k: quicktok for ASCII text, tiktoken else", encodings, heuristic_tokens),
+        ("gpt-4o", "o200k: tiktoken alone (before)", tiktoken_only, heuristic_tokens),
+        ("llama-3.1-8b", "heuristic, bit counts", encodings, heuristic_tokens),
+        ("llama-3.1-8b", "heuristic, regex passes (before)", encodings, heuristic_tokens_by_regex),
+    ]
     rows = []
-    for model in ("gpt-4o", "llama-3.1-8b"):
-        ms = _median_ms(lambda m=model: ChatTokenCounter(encodings).count_request(m, body))
-        rows.append(f"| {model} | {ms:.1f} ms |")
+    for model, label, loaded, heuristic in cases:
+        with patch("app.tokens.counter.heuristic_tokens", heuristic):
+            tokens = ChatTokenCounter(loaded).count_request(model, body)
+            ms = _median_ms(
+                lambda m=model, e=loaded: ChatTokenCounter(e).count_request(m, body), runs
+            )
+        rows.append(f"| {model} | {label} | {tokens} | {ms:.1f} ms |")
     return (
         f"Cold counting of `{name}` ({len(messages)} messages, a new counter each time), "
-        "median of 5:\n\n| model | cold count |\n|---|---:|\n" + "\n".join(rows)
+        f"median of {runs}:\n\n| model | counting | tokens | cold count |\n|---|---|---:|---:|\n"
+        + "\n".join(rows)
     )
 
 

@@ -3,8 +3,10 @@
 Counts follow OpenAI's accounting (3 tokens per message, 1 per name, 3 to prime the reply),
 with tool calls, tool definitions, `response_format` schemas, images by `detail` and the
 reasoning fields clients send back. Only `encode_ordinary` is used: user text may contain
-`<|endoftext|>` and must be counted as text. Per-message raw counts are cached by content hash
-in a bounded LRU owned by the counter, so a growing conversation costs only its new messages.
+`<|endoftext|>` and must be counted as text. ASCII text is counted by quicktok where it
+loaded (app/tokens/encodings.py: the same counts, checked at load, several times faster).
+Per-message raw counts are cached by content hash in a bounded LRU owned by the counter, so a
+growing conversation costs only its new messages.
 Model families without a tokenizer in tiktoken (Llama, Qwen, Mistral, Claude, Gemini …) use
 `heuristic_tokens`. Every model is corrected by the upstream's own `usage.prompt_tokens`
 (app/calibration.py: a factor on content plus the chat template's fixed cost per request and
@@ -233,6 +235,9 @@ class ChatTokenCounter:
         cache_size: int = 50_000,
     ) -> None:
         self._encodings = encodings
+        self._tokenizers = {  # encoding name: tiktoken's, and the faster count for ASCII
+            name: (enc, encodings.ascii_counter(name)) for name, enc in encodings.encodings.items()
+        }
         self._table = model_table
         self._cache: OrderedDict[bytes, int] = OrderedDict()
         self._cache_size = cache_size
@@ -280,17 +285,20 @@ class ChatTokenCounter:
     def _text(self, encoding: str | None, text: str) -> int:
         if not text:
             return 0
-        enc = self._encodings.get(encoding) if encoding else None
-        if enc is None:
+        found = self._tokenizers.get(encoding or "")
+        if found is None:
             return heuristic_tokens(text)
+        enc, fast = found
+        fast = fast if text.isascii() else None
         if len(text) <= LONG_TEXT:
-            return len(enc.encode_ordinary(text))
+            return fast(text) if fast is not None else len(enc.encode_ordinary(text))
         total, start = 0, 0
         while start < len(text):  # cut after a newline so the pieces tokenize as the whole
             end = min(len(text), start + LONG_TEXT)
             cut = text.rfind("\n", start, end) + 1 if end < len(text) else end
             end = cut if cut > start else end
-            total += len(enc.encode_ordinary(text[start:end]))
+            piece = text[start:end]
+            total += fast(piece) if fast is not None else len(enc.encode_ordinary(piece))
             start = end
         return total
 
@@ -321,18 +329,30 @@ class ChatTokenCounter:
             return sum(self._part(encoding, model, part) for part in content)
         return self._value(encoding, content)
 
-    def _message_key(self, encoding: str | None, model: str, message: Mapping[str, Any]) -> bytes:
+    def _message_key(
+        self, encoding: str | None, model: str, message: Mapping[str, Any], data: bytes | None
+    ) -> bytes:
+        """The cache key of `message`: a hash of its JSON (`data`, when the caller has it)."""
+        if data is None:
+            try:
+                data = orjson.dumps(message, option=orjson.OPT_NON_STR_KEYS)
+            except TypeError:
+                data = repr(message).encode()
         # Images cost differs per model family, so it is part of the key for image messages.
-        try:
-            data = orjson.dumps(message, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
-        except TypeError:
-            data = repr(message).encode()
         scope = (encoding or "~") + ("|" + bare_model(model) if b'"image' in data else "")
-        return hashlib.blake2b(scope.encode() + b"\0" + data, digest_size=16).digest()
+        key = hashlib.blake2b(scope.encode() + b"\0", digest_size=16)
+        key.update(data)
+        return key.digest()
 
     def raw_message(self, encoding: str | None, message: Mapping[str, Any], model: str = "") -> int:
         """Uncalibrated tokens of one message (cached by content hash)."""
-        key = self._message_key(encoding, model, message)
+        return self._raw(encoding, message, model, None)
+
+    def _raw(
+        self, encoding: str | None, message: Mapping[str, Any], model: str, data: bytes | None
+    ) -> int:
+        """`raw_message`, given `message`'s JSON when the caller has serialised it already."""
+        key = self._message_key(encoding, model, message, data)
         with self._lock:
             cached = self._cache.get(key)
             if cached is not None:
@@ -399,8 +419,9 @@ class ChatTokenCounter:
         entry = _Prefix(scope, text, (), ()) if known is None else known
         ends, raw = list(entry.ends[:shared]), list(entry.raw[:shared])
         for message in listed[shared:]:
-            ends.append((ends[-1] if ends else 0) + 1 + len(orjson.dumps(message)))
-            raw.append(self.raw_message(encoding, message, model))
+            data = orjson.dumps(message)  # the bytes it has in `text`
+            ends.append((ends[-1] if ends else 0) + 1 + len(data))
+            raw.append(self._raw(encoding, message, model, data))
         if fix is None:  # raw counts: the calibrated ones known stay, for the next request
             fix, counted, changed = entry.fix, list(entry.counted[:shared]), False
         else:

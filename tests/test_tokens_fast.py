@@ -87,7 +87,8 @@ def test_exact_counts_equal_tiktoken_on_the_transcripts(
 def test_the_ascii_counter_loaded_and_is_what_the_counter_uses(
     encodings: EncodingSet, name: str
 ) -> None:
-    """quicktok is a dependency: it loads, passes its checks, and counts ASCII text."""
+    """quicktok (the `fast` extra, which the test extra installs) loads, passes its checks,
+    and counts ASCII text."""
     fast = encodings.ascii_counter(name)
     assert fast is not None
     calls: list[str] = []
@@ -135,3 +136,19 @@ def test_a_disagreeing_ascii_counter_is_not_used(monkeypatch: pytest.MonkeyPatch
     loaded = load_encodings()
     assert loaded.ascii_counter("o200k_base") is None
     assert loaded.get("o200k_base") is not None
+
+
+def test_without_quicktok_tiktoken_counts_everything(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default install (no `fast` extra): nothing to import, the same exact counts."""
+    import sys
+
+    from app.tokens import encodings as encodings_module
+
+    monkeypatch.setitem(sys.modules, "quicktok", None)  # `import quicktok` raises ImportError
+    monkeypatch.setattr(encodings_module, "_ascii_counters", {})
+    loaded = load_encodings()
+    assert loaded.ascii_counter("o200k_base") is None
+    enc = loaded.get("o200k_base")
+    for trace, messages in load_traces()[:3]:
+        counted = ChatTokenCounter(loaded).count_request("gpt-4o", {"messages": messages})
+        assert counted == reference_count(enc, messages), trace

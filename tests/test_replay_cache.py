@@ -22,6 +22,15 @@ from app.tokens.counter import ChatTokenCounter, count_within
 from app.tokens.encodings import load_encodings
 from tests.conversations import conversations, simple_count
 
+# Hypothesis warns when it prints a falsifying example whose repr is huge (these conversations
+# carry tool outputs of tens of kB). The warnings-as-errors filter turns that warning into an
+# exception in Hypothesis's final replay of the failure, before the test body draws anything, so
+# a real failure was reported as FlakyStrategyDefinition ("the second run stopped drawing
+# earlier") with the assertion hidden.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:Generating overly large repr:hypothesis.errors.HypothesisWarning"
+)
+
 PIPELINES: list[tuple[StrategyName, ...]] = [
     ("truncate",),
     ("prune",),
@@ -79,9 +88,10 @@ def test_a_plan_resumed_from_the_cache_is_the_plan_from_scratch(
     data: st.DataObject,
 ) -> None:
     """Two conversations grow side by side, a message or a few at a time (so a request may end
-    in a call whose answers come with the next one); between requests the calibration may
-    move, and with one or two entries the cache evicts. Every request's plan is the plan
-    computed from scratch."""
+    in a call whose answers come with the next one), a request sometimes sent again without its
+    last messages (a retry), the second conversation maybe starting as the first does; between
+    requests the calibration may move, and with one or two entries the cache evicts.
+    Every request's plan is the plan computed from scratch."""
     counter = Calibrated()
     replays = Replays(ReplayCache(entries=entries), counter.state)
     budget = _budget(window)
@@ -93,6 +103,9 @@ def test_a_plan_resumed_from_the_cache_is_the_plan_from_scratch(
     if marked and not summary_tokens:
         summary_tokens = 40
     options: dict[str, Any] = {"protect": protect, "marked": marked}
+    # the second may branch off the first (an edit or a retry): the same leading messages, so
+    # a request of one may stop exactly where a replay of the other was remembered
+    second = [*first[: data.draw(st.integers(0, len(first)))], *second]
     lengths = [0, 0]
     while lengths[0] < len(first) or lengths[1] < len(second):
         which = data.draw(st.integers(0, 1))
@@ -103,14 +116,18 @@ def test_a_plan_resumed_from_the_cache_is_the_plan_from_scratch(
         if data.draw(st.integers(0, 4)) == 0:  # a recalibration
             counter.factor = data.draw(st.sampled_from([0.5, 0.9, 1.0, 1.3, 2.0]))
             counter.per_message = data.draw(st.integers(0, 4))
-        request = copy.deepcopy(messages[: lengths[which]])  # a new request's own objects
-        got = plan(
-            request, pipeline, budget, counter.count, fixed, summary_tokens,
-            replays=replays, **options,
-        )  # fmt: skip
-        assert got == plan(
-            request, pipeline, budget, counter.count, fixed, summary_tokens, **options
-        )
+        ends = [lengths[which]]
+        if data.draw(st.integers(0, 3)) == 3:  # then a retry without the last message or few
+            ends.append(max(1, lengths[which] - data.draw(st.integers(1, 3))))
+        for end in ends:
+            request = copy.deepcopy(messages[:end])  # a new request's own objects
+            got = plan(
+                request, pipeline, budget, counter.count, fixed, summary_tokens,
+                replays=replays, **options,
+            )  # fmt: skip
+            assert got == plan(
+                request, pipeline, budget, counter.count, fixed, summary_tokens, **options
+            )
 
 
 @given(conversations(), st.data())
@@ -209,3 +226,35 @@ def test_the_cache_is_bounded_in_entries_and_bytes() -> None:
     assert len(small) < 10
     with pytest.raises(ValueError, match="at least one entry"):
         ReplayCache[Any](entries=0)
+
+
+def test_a_request_that_stops_where_a_remembered_replay_does_is_planned_as_its_own() -> None:
+    """A replay is remembered before a request's last unit, with its units priced as ones more
+    follow (a protected tool's output kept whole). A request with exactly those messages — a
+    branch of the conversation, or a retry without its last message — ends in one of them,
+    which the plan prices as the last unit (its protected outputs cut too): it must not resume
+    that replay, which has nothing left to replay for it."""
+    call = {"id": "c0", "type": "function", "function": {"name": "bash", "arguments": "{}"}}
+    branch: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are an agent."},
+        {"role": "user", "content": "Fix the bug."},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c0", "content": "log line " * 4000},
+    ]
+    replays = Replays(ReplayCache(), lambda: None)
+    budget = _budget(8192)
+    pipeline: tuple[StrategyName, ...] = ("truncate",)
+    bash = frozenset({"bash"})
+
+    def planned(messages: list[dict[str, Any]], remembered: bool) -> Any:
+        cache = replays if remembered else None
+        return plan(messages, pipeline, budget, simple_count, 0, protect=bash, replays=cache)
+
+    longer = [*copy.deepcopy(branch), {"role": "user", "content": "And the tests?"}]
+    planned(longer, True)  # remembered before its last unit: `branch`, the output kept whole
+    want = planned(branch, False)
+    assert want.truncated == {2}  # the last unit's protected output is cut
+    assert planned(copy.deepcopy(branch), True) == want
+    # the remembered replay still serves what extends it
+    resumed = [*copy.deepcopy(longer), {"role": "assistant", "content": "Done."}]
+    assert planned(resumed, True) == planned(resumed, False)

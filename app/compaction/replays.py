@@ -74,13 +74,17 @@ class ReplayCache(Generic[S]):
         return self._bytes
 
     def find(self, key: Hashable, text: bytes) -> Saved[S] | None:
-        """The entry for `key` whose messages are the longest prefix of those of `text`."""
+        """The entry for `key` whose messages are the longest prefix of those of `text` that at
+        least one more message follows: a replay is remembered before a request's last unit,
+        its units priced as ones more follow (protected outputs whole), so a request with
+        exactly its messages ends in one of them and is not its continuation."""
         with self._lock:
             best: Saved[S] | None = None
             for entry in self._entries.values():
                 if entry.key != key or (best is not None and len(entry.text) <= len(best.text)):
                     continue
-                if len(entry.text) < len(text) and text.startswith(entry.text):
+                end = len(entry.text)  # where `text` goes on with "," and the next message
+                if text.startswith(entry.text) and text[end : end + 1] == b",":
                     best = entry
             if best is not None:
                 self._entries.move_to_end(id(best))

@@ -216,8 +216,9 @@ class RestoreLoop:
 
     def prepare(self, tap: SSETap) -> None:
         """Set up the tap of the stream relayed after the loop: the earlier rounds' usage to
-        add, and the tool to hide from the events that echo `tools`."""
-        tap.carry = self.usage
+        add (already the stream's usage: a stream that breaks before stating its own still
+        records them), and the tool to hide from the events that echo `tools`."""
+        tap.carry = tap.usage = self.usage
         if self.dialect.visible({"tools": [self.dialect.tool()]}) is not None:
             tap.hide_tool = TOOL_NAME
 

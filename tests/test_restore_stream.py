@@ -83,3 +83,49 @@ def test_the_usage_chunk_states_the_sum_of_every_round() -> None:
     stripped = SSETap(strip_usage_chunk=True, carry=Usage(100, 20))
     assert stripped.feed(TEXT + usage_line) == TEXT  # not asked for: still cut, still counted
     assert stripped.usage == Usage(107, 23)
+
+
+def anthropic_event(name: str, data: dict[str, object]) -> bytes:
+    return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+
+
+@pytest.mark.parametrize("full_delta", [False, True])
+def test_an_anthropic_stream_states_the_sum_of_every_round(full_delta: bool) -> None:
+    """`message_start` and each count `message_delta` states are summed with the earlier
+    rounds, so the usage a client assembles (start, overwritten by what deltas state) is the
+    sum; newer servers state every count in `message_delta`, older ones only `output_tokens`."""
+    own = {"input_tokens": 7, "output_tokens": 1, "cache_read_input_tokens": 50}
+    start = {"type": "message_start", "message": {"id": "m", "content": [], "usage": own}}
+    final = {"output_tokens": 9, **({"input_tokens": 7, "cache_read_input_tokens": 50,
+             "cache_creation_input_tokens": 0} if full_delta else {})}  # fmt: skip
+    delta = {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": final}
+    text = anthropic_event(
+        "content_block_delta",
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "x"}},
+    )
+    stream = (
+        anthropic_event("message_start", start)
+        + text
+        + anthropic_event("message_delta", delta)
+        + anthropic_event("message_stop", {"type": "message_stop"})
+    )
+    # earlier rounds: 100 fresh + 20 cache reads + 30 cache writes in, 40 out
+    tap = SSETap(carry=Usage(150, 40, 20, 30))
+    out = b"".join(tap.feed(stream[at : at + 5]) for at in range(0, len(stream), 5)) + tap.flush()
+    assert text in out  # every other line passes untouched
+    events = [orjson.loads(line[6:]) for line in out.splitlines() if line.startswith(b"data: ")]
+    usage = dict(events[0]["message"]["usage"])
+    assert usage == {
+        "input_tokens": 107,
+        "output_tokens": 41,
+        "cache_read_input_tokens": 70,
+        "cache_creation_input_tokens": 30,
+    }
+    usage.update({k: v for k, v in events[2]["usage"].items() if v is not None})
+    assert usage == {
+        "input_tokens": 107,
+        "output_tokens": 49,
+        "cache_read_input_tokens": 70,
+        "cache_creation_input_tokens": 30,
+    }
+    assert tap.usage == Usage(107 + 70 + 30, 49, 70, 30)  # the record: the same sum

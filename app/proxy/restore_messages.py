@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 
 from app.proxy.restore import DESCRIPTION, PARAMETERS, TOOL_NAME, Kind, dicts_in, names_tool
-from app.proxy.sse_tap import Usage
+from app.proxy.sse_tap import ANTHROPIC_COUNTS, Usage, anthropic_counts
 
 KEPT = ("thinking", "redacted_thinking", "text")  # blocks the appended turn keeps (signed)
 
@@ -60,13 +60,9 @@ class MessagesDialect:
 
     def with_usage(self, answer: dict[str, Any], total: Usage) -> dict[str, Any]:
         usage = dict(answer.get("usage") or {})
-        read, written = total.cached_tokens or 0, total.cache_write_tokens or 0
-        usage["input_tokens"] = (total.prompt_tokens or 0) - read - written
-        usage["output_tokens"] = total.completion_tokens or 0
-        if read or "cache_read_input_tokens" in usage:
-            usage["cache_read_input_tokens"] = read
-        if written or "cache_creation_input_tokens" in usage:
-            usage["cache_creation_input_tokens"] = written
+        for key, count in zip(ANTHROPIC_COUNTS, anthropic_counts(total), strict=True):
+            if count or key in usage or key in ("input_tokens", "output_tokens"):
+                usage[key] = count
         return {**answer, "usage": usage}
 
     def visible(self, answer: dict[str, Any]) -> dict[str, Any] | None:

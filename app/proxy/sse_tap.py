@@ -4,11 +4,12 @@ It sees the upstream's bytes chunk by chunk and holds at most one partial line. 
 can carry usage or an error are parsed (chat's usage chunk; the response object of a Responses
 `response.completed` or `response.failed`, or its `error` event; Anthropic's `message_start`
 and `message_delta`, whose usage adds up, and its `error` event); everything else passes
-through untouched. When the proxy
-itself asked the upstream for usage (the client did not), the usage-only chunk is cut out of what
-the client sees. The final event is chat's `data: [DONE]`, or the data line of a Responses
-(`response.completed`, `response.failed`, `response.incomplete`) or Anthropic (`message_stop`)
-final event: once it has been read the answer is complete.
+through untouched. When the proxy itself asked the upstream for usage (the client did not), the
+usage-only chunk is cut out of what the client sees. Restore's earlier rounds (`carry`) are
+added to the usage the client sees: those lines are re-encoded. The final event is chat's
+`data: [DONE]`, or the data line of a Responses (`response.completed`, `response.failed`,
+`response.incomplete`) or Anthropic (`message_stop`) final event: once it has been read the
+answer is complete.
 """
 
 from __future__ import annotations
@@ -129,6 +130,37 @@ def without_tool(holder: Any, name: str) -> dict[str, Any] | None:
     return None if len(kept) == len(tools) else {**holder, "tools": kept}
 
 
+ANTHROPIC_COUNTS = (
+    "input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"
+)  # fmt: skip
+
+
+def anthropic_counts(usage: Usage) -> tuple[int, int, int, int]:
+    """`usage` as Anthropic's four counts, in `ANTHROPIC_COUNTS` order."""
+    read, written = usage.cached_tokens or 0, usage.cache_write_tokens or 0
+    fresh = (usage.prompt_tokens or 0) - read - written
+    return fresh, usage.completion_tokens or 0, read, written
+
+
+def anthropic_summed(event: dict[str, Any], carry: Usage) -> dict[str, Any]:
+    """An Anthropic `message_start` or `message_delta` event stating `carry` (restore's earlier
+    rounds) plus its own usage. Each count the event states becomes the sum; `message_start`
+    also states the cache counts `carry` has and it does not. Clients overwrite the usage of
+    `message_start` with each count a `message_delta` states (the anthropic SDK does), so the
+    message they assemble states the sum of every round."""
+    start = event.get("type") == "message_start"
+    holder = event.get("message") if start else event
+    if not isinstance(holder, dict) or not isinstance(holder.get("usage"), dict):
+        return event
+    usage = dict(holder["usage"])
+    for key, earlier in zip(ANTHROPIC_COUNTS, anthropic_counts(carry), strict=True):
+        own = _int_or_none(usage.get(key))
+        if own is not None or (start and earlier):
+            usage[key] = (own or 0) + earlier
+    holder = {**holder, "usage": usage}
+    return {**event, "message": holder} if start else holder
+
+
 def _first(*values: int | None) -> int | None:
     return next((v for v in values if v is not None), None)
 
@@ -246,6 +278,8 @@ class SSETap:
             return False
         if event.get("type") in ("message_start", "message_delta"):
             self._anthropic_usage(event)
+            if self.carry is not None:  # the client's view states every round's usage
+                self._rewritten = b"data: " + orjson.dumps(anthropic_summed(event, self.carry))
             return False
         # A Responses event carries the response object (usage in `response.completed`, the
         # error in `response.failed`), or is itself an `error` event.

@@ -115,16 +115,41 @@ class ScriptedUpstream:
         return StreamingResponse(self._response_events(response), media_type="text/event-stream")
 
     async def _response_events(self, response: dict[str, Any]) -> AsyncIterator[bytes]:
+        """The events OpenAI sends (the openai SDK's stream accumulator checks them): each
+        output item added empty, its text or arguments in deltas, then done whole."""
+        sequence = iter(range(1_000_000))
+
         def event(kind: str, **fields: Any) -> bytes:
-            data = orjson.dumps({"type": kind, **fields})
+            data = orjson.dumps({"type": kind, "sequence_number": next(sequence), **fields})
             return b"event: " + kind.encode() + b"\ndata: " + data + b"\n\n"
 
         started = {**response, "status": "in_progress", "output": [], "usage": None}
         yield event("response.created", response=started)
         for index, item in enumerate(response["output"]):
-            yield event("response.output_item.added", output_index=index, item=item)
-            for part in item.get("content") or ():
-                yield event("response.output_text.delta", output_index=index, delta=part["text"])
+            at = {"output_index": index, "item_id": item["id"]}
+            if item["type"] == "message":
+                yield event("response.output_item.added", output_index=index,
+                            item={**item, "status": "in_progress", "content": []})  # fmt: skip
+                for n, part in enumerate(item["content"]):
+                    empty = {**part, "text": ""}
+                    yield event("response.content_part.added", **at, content_index=n, part=empty)
+                    text = part["text"]
+                    for cut in range(0, len(text), 8):
+                        yield event("response.output_text.delta", **at, content_index=n,
+                                    delta=text[cut : cut + 8], logprobs=[])  # fmt: skip
+                    yield event("response.output_text.done", **at, content_index=n,
+                                text=part["text"], logprobs=[])  # fmt: skip
+                    yield event("response.content_part.done", **at, content_index=n, part=part)
+            elif item["type"] == "function_call":
+                yield event("response.output_item.added", output_index=index,
+                            item={**item, "status": "in_progress", "arguments": ""})  # fmt: skip
+                arguments = item["arguments"]
+                for cut in range(0, len(arguments), 7):
+                    yield event("response.function_call_arguments.delta", **at,
+                                delta=arguments[cut : cut + 7])  # fmt: skip
+                yield event("response.function_call_arguments.done", **at, arguments=arguments)
+            else:
+                yield event("response.output_item.added", output_index=index, item=item)
             yield event("response.output_item.done", output_index=index, item=item)
         yield event("response.completed", response=response)
 

@@ -15,7 +15,7 @@ answer is complete.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -165,6 +165,19 @@ def _first(*values: int | None) -> int | None:
     return next((v for v in values if v is not None), None)
 
 
+class EventEdit(Protocol):
+    """Changes a stream's events as they pass (restore drops its tool's calls)."""
+
+    def wants(self, payload: bytes) -> bool:
+        """Whether an event's data (unparsed) may need a change: only those are parsed."""
+        ...
+
+    def apply(self, event: dict[str, Any]) -> list[dict[str, Any]]:
+        """The events to send instead of `event` (`[event]`, the same object: unchanged;
+        `[]`: dropped)."""
+        ...
+
+
 FINAL_EVENTS = frozenset(
     {b"response.completed", b"response.failed", b"response.incomplete", b"message_stop"}
 )
@@ -185,6 +198,8 @@ class SSETap:
     # restore on the Responses API: its tool, taken out of every response object an event
     # echoes (those lines are re-encoded; the others pass untouched)
     hide_tool: str | None = None
+    # restore: drops its tool's calls from the events (an `event:` line goes with its data)
+    edit: EventEdit | None = None
     usage: Usage | None = None
     done: bool = False
     error: Any = None
@@ -193,12 +208,23 @@ class SSETap:
     _final_next: bool = False  # an `event:` line named a final event; its data line ends it
     _rewritten: bytes | None = None  # the line `_observe` just read, with the summed usage
     _own: Usage | None = None  # an Anthropic stream's usage so far, without `carry`
+    _event_line: bytes = b""  # with `edit`: an `event:` line held until its data is read
+
+    @property
+    def _rebuild(self) -> bool:
+        """Whether lines are rewritten (else every chunk passes as it came)."""
+        return (
+            self.strip_usage_chunk
+            or self.carry is not None
+            or self.hide_tool is not None
+            or self.edit is not None
+        )
 
     def feed(self, chunk: bytes) -> bytes:
         data = self._partial + chunk
         cut = data.rfind(b"\n") + 1
         complete, self._partial = data[:cut], data[cut:]
-        rebuild = self.strip_usage_chunk or self.carry is not None or self.hide_tool is not None
+        rebuild = self._rebuild
         if not complete:
             return b"" if rebuild else chunk
         if not rebuild:
@@ -212,6 +238,17 @@ class SSETap:
                 self._skip_blank = False
                 continue
             self._skip_blank = False
+            if self.edit is not None:
+                if stripped.startswith(b"event:"):
+                    self._observe(stripped)
+                    self._event_line = line
+                    continue
+                held, self._event_line = self._event_line, b""
+                edited = self._edited(self.edit, held, stripped, line[len(stripped) :])
+                if edited is not None:
+                    out += edited
+                    continue
+                out += held
             if self._observe(stripped) and self.strip_usage_chunk:
                 self._skip_blank = True
                 self._rewritten = None
@@ -224,11 +261,40 @@ class SSETap:
     def flush(self) -> bytes:
         """What is left at the end of the stream (a last line without newline)."""
         rest, self._partial = self._partial, b""
+        held, self._event_line = self._event_line, b""
         if rest:
             self._observe(rest.rstrip(b"\r"))
             if self._rewritten is not None:
                 rest, self._rewritten = self._rewritten, None
-        return rest if self.strip_usage_chunk or self.carry is not None else b""
+        return held + rest if self._rebuild else b""
+
+    def _edited(self, edit: EventEdit, held: bytes, line: bytes, ending: bytes) -> bytes | None:
+        """What to send for the data `line` (after the `event:` line `held`, if any) when
+        `edit` changes its event; None when it does not."""
+        if not line.startswith(b"data:") or not edit.wants(line[5:]):
+            return None
+        try:
+            event = orjson.loads(line[5:])
+        except orjson.JSONDecodeError:
+            return None
+        if not isinstance(event, dict):
+            return None
+        events = edit.apply(event)
+        if len(events) == 1 and events[0] is event:
+            return None
+        if not events:  # dropped, with its `event:` line and the blank line that ends it
+            self._skip_blank = True
+            return b""
+        out = bytearray()
+        for k, each in enumerate(events):
+            data = b"data: " + orjson.dumps(each)
+            self._observe(data)
+            if self._rewritten is not None:
+                data, self._rewritten = self._rewritten, None
+            if held:
+                out += b"event: " + str(each.get("type", "")).encode() + b"\n"
+            out += data + (ending if k == len(events) - 1 else b"\n\n")
+        return bytes(out)
 
     def _hide(self, payload: bytes) -> None:
         """Take the hidden tool out of the response object an event line carries."""

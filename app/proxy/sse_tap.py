@@ -362,5 +362,8 @@ class SSETap:
         if self.carry is not None and inner is event:  # chat's usage chunk states the sum
             summed = {**event, "usage": self.usage.as_chat(event.get("usage"))}
             self._rewritten = b"data: " + orjson.dumps(summed)
+        elif self.carry is not None and self._rewritten is None:  # a Responses response object
+            shown = {**inner, "usage": self.usage.as_responses(inner.get("usage"))}
+            self._rewritten = b"data: " + orjson.dumps({**event, "response": shown})
         choices = event.get("choices")
         return not choices and "type" not in event  # a chat usage-only chunk (never an event)

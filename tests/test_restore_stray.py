@@ -158,3 +158,8 @@ async def test_a_stream_that_starts_with_text_never_shows_a_restore_call(
     text, names, stop = seen(route, True, response.text)
     assert (text.strip(), names) == ("Let me look that up.", ["search"])
     assert stop in (None, STOPS.get(route, ("", ""))[1])
+
+
+def test_the_readme_quotes_the_no_answer_text() -> None:
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    assert f"`{NO_ANSWER}`" in readme

@@ -9,6 +9,7 @@ import orjson
 import pytest
 
 from app.proxy.restore_chat import ChatDialect
+from app.proxy.restore_messages import MessagesDialect
 from app.proxy.restore_stream import _events, _first_kind
 from app.proxy.sse_tap import SSETap, Usage
 from tests.fake_restore_upstream import sse
@@ -129,3 +130,51 @@ def test_an_anthropic_stream_states_the_sum_of_every_round(full_delta: bool) -> 
         "cache_creation_input_tokens": 30,
     }
     assert tap.usage == Usage(107 + 70 + 30, 49, 70, 30)  # the record: the same sum
+
+
+def test_dropped_calls_leave_a_well_formed_stream_however_it_is_cut() -> None:
+    """A restore `tool_use` block after text, then a client's: its events go (with their
+    `event:` lines), the client's block becomes index 1 — the same bytes whatever the chunks."""
+
+    def block(index: int, start: dict[str, object], delta: dict[str, object]) -> bytes:
+        return (
+            anthropic_event(
+                "content_block_start",
+                {"type": "content_block_start", "index": index, "content_block": start},
+            )
+            + anthropic_event(
+                "content_block_delta",
+                {"type": "content_block_delta", "index": index, "delta": delta},
+            )
+            + anthropic_event("content_block_stop", {"type": "content_block_stop", "index": index})
+        )
+
+    def use(name: str) -> dict[str, object]:
+        return {"type": "tool_use", "id": f"t_{name}", "name": name, "input": {}}
+
+    arguments = {"type": "input_json_delta", "partial_json": '{"ref": "abc"}'}
+    stream = (
+        anthropic_event("message_start", {"type": "message_start", "message": {"content": []}})
+        + block(0, {"type": "text", "text": ""}, {"type": "text_delta", "text": "Let me see."})
+        + block(1, use("inflight_restore"), arguments)
+        + block(2, use("search"), arguments)
+        + anthropic_event(
+            "message_delta", {"type": "message_delta", "delta": {"stop_reason": "tool_use"}}
+        )
+        + anthropic_event("message_stop", {"type": "message_stop"})
+    )
+    outputs = set()
+    for size in (1, 7, len(stream)):
+        tap = SSETap(edit=MessagesDialect().stray())
+        pieces = [stream[at : at + size] for at in range(0, len(stream), size)]
+        outputs.add(b"".join(tap.feed(p) for p in pieces) + tap.flush())
+    (out,) = outputs
+    assert b"inflight_restore" not in out
+    lines = out.split(b"\n")
+    names = [line[7:] for line in lines if line.startswith(b"event: ")]
+    events = [orjson.loads(line[6:]) for line in lines if line.startswith(b"data: ")]
+    assert names == [e["type"].encode() for e in events]  # every data line has its event line
+    assert b"\n\n\n" not in out
+    assert [e.get("index") for e in events if "index" in e] == [0, 0, 0, 1, 1, 1]
+    assert events[4]["content_block"]["name"] == "search"
+    assert events[-2]["delta"]["stop_reason"] == "tool_use"  # a client call is left

@@ -7,8 +7,11 @@ own calls in the same turn are dropped, the model re-issues them once it has rea
 answer per call, resolved against the originals of the request being served (the client
 resends its whole history, so nothing is stored), cut to fit what is left of the budget, and
 asks again. At most `MAX_ROUNDS` upstream requests: the last one does not offer the tool, so
-the model must answer. The client never sees the tool, the calls or the extra messages; the
-usage it gets (and the one usage record) is the sum of every round.
+the model must answer. The client never sees the tool, the calls or the extra messages: a
+call the proxy does not answer (the last round's, or one after text a stream already relayed)
+is dropped from what the client gets, and an answer that was nothing else says `NO_ANSWER`.
+The usage it gets (and the one usage record) is the sum of every round; when a later round
+fails, the client gets that failure and the record still has the rounds before it.
 
 This module is the loop, on any API through its `Dialect` (where the APIs differ:
 `restore_chat.py`, `restore_responses.py`, `restore_messages.py`); `restore_stream.py` holds

@@ -288,7 +288,9 @@ class SSETap:
         out = bytearray()
         for k, each in enumerate(events):
             data = b"data: " + orjson.dumps(each)
-            self._observe(data)
+            if self._observe(data) and self.strip_usage_chunk:
+                self._rewritten = None
+                continue
             if self._rewritten is not None:
                 data, self._rewritten = self._rewritten, None
             if held:

@@ -1,14 +1,17 @@
 """A scripted upstream for the restore loop: each request gets the next scripted reply — text,
 or tool calls (`inflight_restore` with a ref read from the request's markers, or any other
 tool) — in JSON or as an SSE stream, with usage, as chat completions (`/v1/chat/completions`)
-or Anthropic Messages (`/v1/messages`); every request body is recorded."""
+or Anthropic Messages (`/v1/messages`); every request body is recorded. A reply may instead
+fail: an error status, or (through `transport()`) a refused connection, a timeout, or a body
+that breaks halfway."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
+import httpx
 import orjson
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -27,10 +30,14 @@ class Call:
     arguments: str = "{}"  # for any other tool
 
 
+Fail = Literal["status", "connect", "timeout", "broken"]
+
+
 @dataclass(frozen=True)
 class Reply:
     text: str | None = None
     calls: tuple[Call, ...] = ()
+    fail: Fail | None = None  # status: a 429 error body; the others: see `transport()`
 
 
 def sse(obj: Any) -> bytes:
@@ -52,6 +59,13 @@ class ScriptedUpstream:
             ]
         )
 
+    def transport(self) -> httpx.AsyncBaseTransport:
+        """The app behind an httpx transport that also fails as the scripted replies say."""
+        return _FailingTransport(self)
+
+    def reply_for(self, k: int) -> Reply:
+        return self.replies[min(k, len(self.replies) - 1)]
+
     async def _next(self, request: Request) -> tuple[dict[str, Any], int, Reply]:
         """The request's body (recorded), its number, and the reply scripted for it."""
         raw = await request.body()
@@ -59,7 +73,15 @@ class ScriptedUpstream:
         body = orjson.loads(raw)
         k = len(self.bodies)
         self.bodies.append(body)
-        return body, k, self.replies[min(k, len(self.replies) - 1)]
+        return body, k, self.reply_for(k)
+
+    @staticmethod
+    def refused(reply: Reply) -> Response | None:
+        """The error response a reply scripted to fail with a status gets."""
+        if reply.fail != "status":
+            return None
+        error = {"type": "rate_limit_error", "message": "slow down"}
+        return JSONResponse({"type": "error", "error": error}, status_code=429)
 
     def usage(self, k: int) -> dict[str, Any]:
         return {
@@ -71,6 +93,8 @@ class ScriptedUpstream:
     async def _responses(self, request: Request) -> Response:
         """The Responses API's shape; like OpenAI's, each response object echoes `tools`."""
         body, k, reply = await self._next(request)
+        if (refused := self.refused(reply)) is not None:
+            return refused
         output: list[dict[str, Any]] = [{"type": "reasoning", "id": f"rs_{k}", "summary": []}]
         if reply.text:
             text = {"type": "output_text", "text": reply.text, "annotations": []}
@@ -91,16 +115,41 @@ class ScriptedUpstream:
         return StreamingResponse(self._response_events(response), media_type="text/event-stream")
 
     async def _response_events(self, response: dict[str, Any]) -> AsyncIterator[bytes]:
+        """The events OpenAI sends (the openai SDK's stream accumulator checks them): each
+        output item added empty, its text or arguments in deltas, then done whole."""
+        sequence = iter(range(1_000_000))
+
         def event(kind: str, **fields: Any) -> bytes:
-            data = orjson.dumps({"type": kind, **fields})
+            data = orjson.dumps({"type": kind, "sequence_number": next(sequence), **fields})
             return b"event: " + kind.encode() + b"\ndata: " + data + b"\n\n"
 
         started = {**response, "status": "in_progress", "output": [], "usage": None}
         yield event("response.created", response=started)
         for index, item in enumerate(response["output"]):
-            yield event("response.output_item.added", output_index=index, item=item)
-            for part in item.get("content") or ():
-                yield event("response.output_text.delta", output_index=index, delta=part["text"])
+            at = {"output_index": index, "item_id": item["id"]}
+            if item["type"] == "message":
+                yield event("response.output_item.added", output_index=index,
+                            item={**item, "status": "in_progress", "content": []})  # fmt: skip
+                for n, part in enumerate(item["content"]):
+                    empty = {**part, "text": ""}
+                    yield event("response.content_part.added", **at, content_index=n, part=empty)
+                    text = part["text"]
+                    for cut in range(0, len(text), 8):
+                        yield event("response.output_text.delta", **at, content_index=n,
+                                    delta=text[cut : cut + 8], logprobs=[])  # fmt: skip
+                    yield event("response.output_text.done", **at, content_index=n,
+                                text=part["text"], logprobs=[])  # fmt: skip
+                    yield event("response.content_part.done", **at, content_index=n, part=part)
+            elif item["type"] == "function_call":
+                yield event("response.output_item.added", output_index=index,
+                            item={**item, "status": "in_progress", "arguments": ""})  # fmt: skip
+                arguments = item["arguments"]
+                for cut in range(0, len(arguments), 7):
+                    yield event("response.function_call_arguments.delta", **at,
+                                delta=arguments[cut : cut + 7])  # fmt: skip
+                yield event("response.function_call_arguments.done", **at, arguments=arguments)
+            else:
+                yield event("response.output_item.added", output_index=index, item=item)
             yield event("response.output_item.done", output_index=index, item=item)
         yield event("response.completed", response=response)
 
@@ -109,6 +158,8 @@ class ScriptedUpstream:
 
     async def _messages(self, request: Request) -> Response:
         body, k, reply = await self._next(request)
+        if (refused := self.refused(reply)) is not None:
+            return refused
         blocks: list[dict[str, Any]] = [{"type": "text", "text": reply.text}] if reply.text else []
         for call in self._calls(reply, body, k):
             function = call["function"]
@@ -176,6 +227,8 @@ class ScriptedUpstream:
 
     async def _chat(self, request: Request) -> Response:
         body, k, reply = await self._next(request)
+        if (refused := self.refused(reply)) is not None:
+            return refused
         calls = self._calls(reply, body, k)
         if body.get("stream"):
             usage = (body.get("stream_options") or {}).get("include_usage") is True
@@ -221,3 +274,42 @@ class ScriptedUpstream:
             yield sse({"id": f"chatcmpl-{k}", "object": "chat.completion.chunk", "choices": [],
                        "usage": self.usage(k)})  # fmt: skip
         yield b"data: [DONE]\n\n"
+
+
+class _FailingTransport(httpx.AsyncBaseTransport):
+    """`ScriptedUpstream.app` over ASGI; a request whose reply is scripted to fail with
+    `connect` or `timeout` raises that httpx error, one with `broken` gets the first half of
+    its body and then a broken connection."""
+
+    def __init__(self, upstream: ScriptedUpstream) -> None:
+        self.upstream = upstream
+        self.asgi = httpx.ASGITransport(app=upstream.app)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        fail = self.upstream.reply_for(len(self.upstream.bodies)).fail
+        if fail == "connect":
+            self.upstream.bodies.append(orjson.loads(request.content))
+            raise httpx.ConnectError("connection refused", request=request)
+        if fail == "timeout":
+            self.upstream.bodies.append(orjson.loads(request.content))
+            raise httpx.ReadTimeout("read timed out", request=request)
+        response = await self.asgi.handle_async_request(request)
+        if fail != "broken":
+            return response
+        whole = b"".join([chunk async for chunk in response.aiter_raw()])
+        return httpx.Response(
+            response.status_code,
+            headers=response.headers,
+            stream=_Broken(whole[: len(whole) // 2], request),
+            request=request,
+        )
+
+
+class _Broken(httpx.AsyncByteStream):
+    def __init__(self, head: bytes, request: httpx.Request) -> None:
+        self.head = head
+        self.request = request
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield self.head
+        raise httpx.RemoteProtocolError("peer closed connection", request=self.request)

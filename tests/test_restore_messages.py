@@ -55,6 +55,17 @@ def streamed(text: str) -> tuple[str, list[Any]]:
     return "".join(words), uses
 
 
+def assembled_usage(text: str) -> dict[str, Any]:
+    """The usage a client assembles from an Anthropic stream: `message_start`'s, each count a
+    `message_delta` states overwriting it (as the anthropic SDK does)."""
+    events = [orjson.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
+    (start,) = [e for e in events if e["type"] == "message_start"]
+    usage = dict(start["message"]["usage"])
+    for delta in (e for e in events if e["type"] == "message_delta"):
+        usage.update({k: v for k, v in delta["usage"].items() if v is not None})
+    return usage
+
+
 @pytest.mark.parametrize("stream", [False, True])
 async def test_one_restore_round_on_the_messages_api(tmp_path: Path, stream: bool) -> None:
     upstream = ScriptedUpstream([Reply(calls=(Call(TOOL_NAME, FIRST_REF),)), ANSWER])
@@ -79,11 +90,13 @@ async def test_one_restore_round_on_the_messages_api(tmp_path: Path, stream: boo
     if stream:
         text, uses = streamed(response.text)
         assert uses == []
+        usage = assembled_usage(response.text)
     else:
         answer = response.json()
         text = answer["content"][0]["text"]
-        assert answer["usage"]["input_tokens"] == 1000 + 1001  # both rounds
-        assert answer["usage"]["output_tokens"] == 10 + 11
+        usage = answer["usage"]
+    assert usage["input_tokens"] == 1000 + 1001  # the client sees both rounds
+    assert usage["output_tokens"] == 10 + 11
     assert text == ANSWER.text
     assert record.prompt_tokens == 2001  # both rounds, JSON and stream
     assert record.completion_tokens == 21

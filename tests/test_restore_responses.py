@@ -88,3 +88,26 @@ async def test_an_answer_without_a_call_hides_the_offered_tool(
     final = response.json() if not stream else orjson.loads(response.text.split("data: ")[-1])
     tools = final["tools"] if not stream else final["response"]["tools"]
     assert tools == CLIENT_TOOLS
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_the_last_round_states_every_rounds_usage(tmp_path: Path, stream: bool) -> None:
+    """The last round offers no tool, so its response objects echo none to hide: their usage
+    is still the sum of every round."""
+    calling = Reply(calls=(Call(TOOL_NAME, FIRST_REF),))
+    upstream = ScriptedUpstream([calling, calling, ANSWER])
+    async with proxy(tmp_path, upstream) as (client, store):
+        response = await client.post(
+            "/v1/responses", json={**BODY, "stream": stream}, headers=RESTORE
+        )
+        (record,) = await store.written(1)
+    assert response.status_code == 200
+    assert not offered(upstream.bodies[-1])
+    if stream:
+        events = [orjson.loads(x[6:]) for x in response.text.splitlines() if x.startswith("data: ")]
+        final = events[-1]["response"]
+    else:
+        final = response.json()
+    assert final["usage"]["input_tokens"] == 1000 + 1001 + 1002
+    assert final["usage"]["output_tokens"] == 10 + 11 + 12
+    assert record.prompt_tokens == 3003

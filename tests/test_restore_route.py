@@ -57,7 +57,7 @@ async def proxy(
     settings.setdefault("anthropic_upstream_url", "http://upstream.test/v1")
     app = create_app(
         make_settings(tmp_path, **settings),
-        transport=httpx.ASGITransport(app=upstream.app),
+        transport=upstream.transport(),
         store=store,
     )
     async with (

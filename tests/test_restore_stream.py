@@ -9,6 +9,7 @@ import orjson
 import pytest
 
 from app.proxy.restore_chat import ChatDialect
+from app.proxy.restore_messages import MessagesDialect
 from app.proxy.restore_stream import _events, _first_kind
 from app.proxy.sse_tap import SSETap, Usage
 from tests.fake_restore_upstream import sse
@@ -83,3 +84,97 @@ def test_the_usage_chunk_states_the_sum_of_every_round() -> None:
     stripped = SSETap(strip_usage_chunk=True, carry=Usage(100, 20))
     assert stripped.feed(TEXT + usage_line) == TEXT  # not asked for: still cut, still counted
     assert stripped.usage == Usage(107, 23)
+
+
+def anthropic_event(name: str, data: dict[str, object]) -> bytes:
+    return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+
+
+@pytest.mark.parametrize("full_delta", [False, True])
+def test_an_anthropic_stream_states_the_sum_of_every_round(full_delta: bool) -> None:
+    """`message_start` and each count `message_delta` states are summed with the earlier
+    rounds, so the usage a client assembles (start, overwritten by what deltas state) is the
+    sum; newer servers state every count in `message_delta`, older ones only `output_tokens`."""
+    own = {"input_tokens": 7, "output_tokens": 1, "cache_read_input_tokens": 50}
+    start = {"type": "message_start", "message": {"id": "m", "content": [], "usage": own}}
+    final = {"output_tokens": 9, **({"input_tokens": 7, "cache_read_input_tokens": 50,
+             "cache_creation_input_tokens": 0} if full_delta else {})}  # fmt: skip
+    delta = {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": final}
+    text = anthropic_event(
+        "content_block_delta",
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "x"}},
+    )
+    stream = (
+        anthropic_event("message_start", start)
+        + text
+        + anthropic_event("message_delta", delta)
+        + anthropic_event("message_stop", {"type": "message_stop"})
+    )
+    # earlier rounds: 100 fresh + 20 cache reads + 30 cache writes in, 40 out
+    tap = SSETap(carry=Usage(150, 40, 20, 30))
+    out = b"".join(tap.feed(stream[at : at + 5]) for at in range(0, len(stream), 5)) + tap.flush()
+    assert text in out  # every other line passes untouched
+    events = [orjson.loads(line[6:]) for line in out.splitlines() if line.startswith(b"data: ")]
+    usage = dict(events[0]["message"]["usage"])
+    assert usage == {
+        "input_tokens": 107,
+        "output_tokens": 41,
+        "cache_read_input_tokens": 70,
+        "cache_creation_input_tokens": 30,
+    }
+    usage.update({k: v for k, v in events[2]["usage"].items() if v is not None})
+    assert usage == {
+        "input_tokens": 107,
+        "output_tokens": 49,
+        "cache_read_input_tokens": 70,
+        "cache_creation_input_tokens": 30,
+    }
+    assert tap.usage == Usage(107 + 70 + 30, 49, 70, 30)  # the record: the same sum
+
+
+def test_dropped_calls_leave_a_well_formed_stream_however_it_is_cut() -> None:
+    """A restore `tool_use` block after text, then a client's: its events go (with their
+    `event:` lines), the client's block becomes index 1 — the same bytes whatever the chunks."""
+
+    def block(index: int, start: dict[str, object], delta: dict[str, object]) -> bytes:
+        return (
+            anthropic_event(
+                "content_block_start",
+                {"type": "content_block_start", "index": index, "content_block": start},
+            )
+            + anthropic_event(
+                "content_block_delta",
+                {"type": "content_block_delta", "index": index, "delta": delta},
+            )
+            + anthropic_event("content_block_stop", {"type": "content_block_stop", "index": index})
+        )
+
+    def use(name: str) -> dict[str, object]:
+        return {"type": "tool_use", "id": f"t_{name}", "name": name, "input": {}}
+
+    arguments = {"type": "input_json_delta", "partial_json": '{"ref": "abc"}'}
+    stream = (
+        anthropic_event("message_start", {"type": "message_start", "message": {"content": []}})
+        + block(0, {"type": "text", "text": ""}, {"type": "text_delta", "text": "Let me see."})
+        + block(1, use("inflight_restore"), arguments)
+        + block(2, use("search"), arguments)
+        + anthropic_event(
+            "message_delta", {"type": "message_delta", "delta": {"stop_reason": "tool_use"}}
+        )
+        + anthropic_event("message_stop", {"type": "message_stop"})
+    )
+    outputs = set()
+    for size in (1, 7, len(stream)):
+        tap = SSETap(edit=MessagesDialect().stray())
+        pieces = [stream[at : at + size] for at in range(0, len(stream), size)]
+        outputs.add(b"".join(tap.feed(p) for p in pieces) + tap.flush())
+    (out,) = outputs
+    assert b"inflight_restore" not in out
+    lines = out.split(b"\n")
+    names = [line[7:] for line in lines if line.startswith(b"event: ")]
+    events = [orjson.loads(line[6:]) for line in lines if line.startswith(b"data: ")]
+    assert names == [e["type"].encode() for e in events]  # every data line has its event line
+    assert b"\n\n\n" not in out
+    assert [e.get("index") for e in events if "index" in e] == [0, 0, 0, 1, 1, 1]
+    assert events[4]["content_block"]["name"] == "search"
+    assert events[-2]["delta"]["stop_reason"] == "tool_use"  # a client call is left

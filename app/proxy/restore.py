@@ -7,8 +7,11 @@ own calls in the same turn are dropped, the model re-issues them once it has rea
 answer per call, resolved against the originals of the request being served (the client
 resends its whole history, so nothing is stored), cut to fit what is left of the budget, and
 asks again. At most `MAX_ROUNDS` upstream requests: the last one does not offer the tool, so
-the model must answer. The client never sees the tool, the calls or the extra messages; the
-usage it gets (and the one usage record) is the sum of every round.
+the model must answer. The client never sees the tool, the calls or the extra messages: a
+call the proxy does not answer (the last round's, or one after text a stream already relayed)
+is dropped from what the client gets, and an answer that was nothing else says `NO_ANSWER`.
+The usage it gets (and the one usage record) is the sum of every round; when a later round
+fails, the client gets that failure and the record still has the rounds before it.
 
 This module is the loop, on any API through its `Dialect` (where the APIs differ:
 `restore_chat.py`, `restore_responses.py`, `restore_messages.py`); `restore_stream.py` holds
@@ -24,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import orjson
 
 from app.compaction.refs import REF_SUFFIX_RE
-from app.proxy.sse_tap import SSETap, Usage
+from app.proxy.sse_tap import EventEdit, SSETap, Usage
 from app.proxy.upstream import read_all
 
 if TYPE_CHECKING:
@@ -48,6 +51,12 @@ PARAMETERS: dict[str, Any] = {
     "properties": {"ref": {"type": "string", "description": "the ID in (ref: ID)"}},
     "required": ["ref"],
 }
+# What the client gets when the answer of the last round (which does not offer the tool) was
+# nothing but calls to it: those are dropped, and the answer says why it is empty.
+NO_ANSWER = (
+    "[inflight: the model asked to read more of the text cut from this conversation after the "
+    "last restore round, and gave no answer. Ask again, or narrow the question.]"
+)
 Kind = Literal["text", "tools"]
 
 
@@ -95,6 +104,15 @@ class Dialect(Protocol):
 
     def assemble(self, events: list[dict[str, Any]]) -> dict[str, Any]:
         """A whole streamed answer as its JSON answer would be."""
+        ...
+
+    def without_calls(self, answer: dict[str, Any]) -> dict[str, Any]:
+        """`answer` without its `inflight_restore` calls (a model may call a tool it saw
+        earlier even when it is not offered); `NO_ANSWER` as its text when nothing is left."""
+        ...
+
+    def stray(self) -> EventEdit:
+        """A new edit for one relayed stream: the same, event by event."""
         ...
 
 
@@ -205,9 +223,13 @@ class RestoreLoop:
 
     def final(self, answer: dict[str, Any], content: bytes) -> bytes:
         """The final JSON answer (`content`, parsed as `answer`): its usage the sum of every
-        round's, without the tool; the bytes as received when that changes nothing."""
+        round's, without the tool or calls to it; the bytes as received when that changes
+        nothing."""
+        stray = bool(self.dialect.calls(answer))  # the last round's: not answered
+        if stray:
+            answer = self.dialect.without_calls(answer)
         shown = self.dialect.visible(answer)
-        if self.usage is None and shown is None:
+        if self.usage is None and shown is None and not stray:
             return content
         shown = answer if shown is None else shown
         if self.usage is not None:
@@ -216,8 +238,11 @@ class RestoreLoop:
 
     def prepare(self, tap: SSETap) -> None:
         """Set up the tap of the stream relayed after the loop: the earlier rounds' usage to
-        add, and the tool to hide from the events that echo `tools`."""
-        tap.carry = self.usage
+        add (already the stream's usage: a stream that breaks before stating its own still
+        records them), the calls to the tool to drop, and the tool to hide from the events
+        that echo `tools`."""
+        tap.carry = tap.usage = self.usage
+        tap.edit = self.dialect.stray()
         if self.dialect.visible({"tools": [self.dialect.tool()]}) is not None:
             tap.hide_tool = TOOL_NAME
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from app.proxy.restore import DESCRIPTION, PARAMETERS, TOOL_NAME, Kind, names_tool
+from app.proxy.restore import DESCRIPTION, NO_ANSWER, PARAMETERS, TOOL_NAME, Kind, names_tool
 from app.proxy.sse_tap import Usage
 
 
@@ -100,6 +100,103 @@ class ChatDialect:
         message: dict[str, Any] = {"role": "assistant", "content": "".join(content) or None}
         message["tool_calls"] = [calls[k] for k in sorted(calls, key=str)]
         return {"choices": [{"index": 0, "message": message}], "usage": usage}
+
+    def without_calls(self, answer: dict[str, Any]) -> dict[str, Any]:
+        """Each choice's message without the calls; `finish_reason` `stop` when none is left."""
+        choices = answer.get("choices")
+        if not isinstance(choices, list):
+            return answer
+        return {**answer, "choices": [_choice_without_calls(c) for c in choices]}
+
+    def stray(self) -> StrayCalls:
+        return StrayCalls()
+
+
+def _choice_without_calls(choice: Any) -> Any:
+    message = choice.get("message") if isinstance(choice, dict) else None
+    calls = message.get("tool_calls") if isinstance(message, dict) else None
+    if not isinstance(message, dict) or not isinstance(calls, list):
+        return choice
+    kept = [c for c in calls if not (isinstance(c, dict) and _function_name(c) == TOOL_NAME)]
+    message = {k: v for k, v in message.items() if k != "tool_calls"}
+    if kept:
+        return {**choice, "message": {**message, "tool_calls": kept}}
+    if not message.get("content"):
+        message["content"] = NO_ANSWER
+    finish = choice.get("finish_reason")
+    return {
+        **choice,
+        "message": message,
+        "finish_reason": "stop" if finish == "tool_calls" else finish,
+    }
+
+
+class StrayCalls:
+    """A chat stream without `inflight_restore` calls: their pieces are taken out of the
+    deltas, the other calls renumbered from 0 (clients join pieces by `index`), and a
+    `tool_calls` finish with no call left becomes `stop`, with `NO_ANSWER` when no text came."""
+
+    def __init__(self) -> None:
+        self.index: dict[
+            tuple[Any, Any], int | None
+        ] = {}  # (choice, call) -> new index, None: dropped
+        self.kept: dict[Any, int] = {}  # per choice: the calls kept so far
+        self.dropped = False
+        self.text = False  # a non-empty content delta has passed
+
+    def wants(self, payload: bytes) -> bool:
+        return b"tool_calls" in payload or (not self.text and b'"content"' in payload)
+
+    def apply(self, event: dict[str, Any]) -> list[dict[str, Any]]:
+        choices = event.get("choices")
+        if not isinstance(choices, list):
+            return [event]
+        edited = [self._choice(c) for c in choices]
+        if all(e is c for e, c in zip(edited, choices, strict=True)):
+            return [event]
+        kept = [c for c in edited if c is not None]
+        if not kept and not event.get("usage"):
+            return []
+        return [{**event, "choices": kept}]
+
+    def _choice(self, choice: Any) -> Any:
+        """The choice with the calls' pieces edited; None when nothing is left of it."""
+        if not isinstance(choice, dict) or not isinstance(choice.get("delta"), dict):
+            return choice
+        at, delta = choice.get("index"), choice["delta"]
+        if isinstance(delta.get("content"), str) and delta["content"]:
+            self.text = True
+        out = choice
+        calls = delta.get("tool_calls")
+        if isinstance(calls, list):
+            parts = [p for p in (self._part(at, p) for p in calls) if p is not None]
+            if parts != calls:
+                rest = {k: v for k, v in delta.items() if k != "tool_calls"}
+                delta = {**rest, "tool_calls": parts} if parts else rest
+                out = {**choice, "delta": delta}
+        if out.get("finish_reason") == "tool_calls" and self.dropped and not self.kept.get(at):
+            delta = out["delta"] if self.text else {**out["delta"], "content": NO_ANSWER}
+            return {**out, "delta": delta, "finish_reason": "stop"}
+        if out is not choice and not out["delta"] and out.get("finish_reason") is None:
+            return None
+        return out
+
+    def _part(self, at: Any, part: Any) -> Any:
+        """A call's piece renumbered; None when it belongs to an `inflight_restore` call."""
+        if not isinstance(part, dict):
+            return part
+        key = (at, part.get("index"))
+        if key not in self.index:  # a call's first piece names it
+            if _function_name(part) == TOOL_NAME:
+                self.index[key] = None
+                self.dropped = True
+            else:
+                self.index[key] = self.kept.get(at, 0)
+                self.kept[at] = self.kept.get(at, 0) + 1
+        new = self.index[key]
+        if new is None:
+            return None
+        return part if part.get("index") == new else {**part, "index": new}
 
 
 def _add_part(calls: dict[Any, dict[str, Any]], part: dict[str, Any]) -> None:

@@ -9,8 +9,16 @@ from typing import Any
 
 import orjson
 
-from app.proxy.restore import DESCRIPTION, PARAMETERS, TOOL_NAME, Kind, dicts_in, names_tool
-from app.proxy.sse_tap import Usage
+from app.proxy.restore import (
+    DESCRIPTION,
+    NO_ANSWER,
+    PARAMETERS,
+    TOOL_NAME,
+    Kind,
+    dicts_in,
+    names_tool,
+)
+from app.proxy.sse_tap import ANTHROPIC_COUNTS, Usage, anthropic_counts
 
 KEPT = ("thinking", "redacted_thinking", "text")  # blocks the appended turn keeps (signed)
 
@@ -60,13 +68,9 @@ class MessagesDialect:
 
     def with_usage(self, answer: dict[str, Any], total: Usage) -> dict[str, Any]:
         usage = dict(answer.get("usage") or {})
-        read, written = total.cached_tokens or 0, total.cache_write_tokens or 0
-        usage["input_tokens"] = (total.prompt_tokens or 0) - read - written
-        usage["output_tokens"] = total.completion_tokens or 0
-        if read or "cache_read_input_tokens" in usage:
-            usage["cache_read_input_tokens"] = read
-        if written or "cache_creation_input_tokens" in usage:
-            usage["cache_creation_input_tokens"] = written
+        for key, count in zip(ANTHROPIC_COUNTS, anthropic_counts(total), strict=True):
+            if count or key in usage or key in ("input_tokens", "output_tokens"):
+                usage[key] = count
         return {**answer, "usage": usage}
 
     def visible(self, answer: dict[str, Any]) -> dict[str, Any] | None:
@@ -109,6 +113,94 @@ class MessagesDialect:
                 blocks[index]["input"] = text
         message["content"] = [blocks[k] for k in sorted(blocks, key=str)]
         return message
+
+    def without_calls(self, answer: dict[str, Any]) -> dict[str, Any]:
+        """The content without the calls; `stop_reason` `end_turn` when no `tool_use` is left,
+        a text block `NO_ANSWER` when no text or call is."""
+        content = [b for b in dicts_in(answer, "content") if not _restore_use(b)]
+        if not any(b.get("type") in ANSWERING for b in content):
+            content.append({"type": "text", "text": NO_ANSWER})
+        out = {**answer, "content": content}
+        if answer.get("stop_reason") == "tool_use" and not _uses(content):
+            out["stop_reason"] = "end_turn"
+        return out
+
+    def stray(self) -> StrayUses:
+        return StrayUses()
+
+
+ANSWERING = ("text", "tool_use", "server_tool_use")  # blocks that are an answer (not thinking)
+
+
+def _restore_use(block: Any) -> bool:
+    return (
+        isinstance(block, dict)
+        and block.get("type") == "tool_use"
+        and block.get("name") == TOOL_NAME
+    )
+
+
+def _uses(blocks: list[dict[str, Any]]) -> bool:
+    return any(b.get("type") == "tool_use" for b in blocks)
+
+
+class StrayUses:
+    """A Messages stream without `inflight_restore` blocks: their `content_block_*` events are
+    dropped and the later blocks renumbered (clients index the content list by `index`); a
+    `tool_use` stop with no call left becomes `end_turn`, after a `NO_ANSWER` text block when
+    no text or call came."""
+
+    def __init__(self) -> None:
+        self.index: dict[Any, int | None] = {}  # block index -> new index, None: dropped
+        self.answering = False  # a text or client call block has started
+        self.uses = False  # a client `tool_use` block has started
+
+    def wants(self, payload: bytes) -> bool:
+        return b"content_block_start" in payload or (
+            len(self.index) > sum(v is not None for v in self.index.values())  # one dropped
+            and (b'"index"' in payload or b"message_delta" in payload)
+        )
+
+    def apply(self, event: dict[str, Any]) -> list[dict[str, Any]]:
+        kind = event.get("type")
+        if kind == "content_block_start":
+            block = event.get("content_block")
+            if _restore_use(block):
+                self.index[event.get("index")] = None
+                return []
+            if isinstance(block, dict):
+                self.answering |= block.get("type") in ANSWERING
+                self.uses |= block.get("type") == "tool_use"
+            self.index[event.get("index")] = sum(v is not None for v in self.index.values())
+        if kind in ("content_block_start", "content_block_delta", "content_block_stop"):
+            new = self.index.get(event.get("index"), event.get("index"))
+            if new is None:
+                return []
+            return [event] if new == event.get("index") else [{**event, "index": new}]
+        if kind == "message_delta" and None in self.index.values():
+            return self._end(event)
+        return [event]
+
+    def _end(self, event: dict[str, Any]) -> list[dict[str, Any]]:
+        """The `message_delta` of a stream that dropped a call: the stop reason, and the
+        `NO_ANSWER` block first when nothing else answers."""
+        delta = event.get("delta")
+        if isinstance(delta, dict) and delta.get("stop_reason") == "tool_use" and not self.uses:
+            event = {**event, "delta": {**delta, "stop_reason": "end_turn"}}
+        if self.answering:
+            return [event]
+        at = sum(v is not None for v in self.index.values())
+        text = {"type": "text_delta", "text": NO_ANSWER}
+        return [
+            {
+                "type": "content_block_start",
+                "index": at,
+                "content_block": {"type": "text", "text": ""},
+            },
+            {"type": "content_block_delta", "index": at, "delta": text},
+            {"type": "content_block_stop", "index": at},
+            event,
+        ]
 
 
 def _add_delta(block: dict[str, Any], delta: Any, partial: dict[Any, str], index: Any) -> None:

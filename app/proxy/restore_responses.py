@@ -8,7 +8,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from app.proxy.restore import DESCRIPTION, PARAMETERS, TOOL_NAME, Kind, dicts_in, names_tool
+from app.proxy.restore import (
+    DESCRIPTION,
+    NO_ANSWER,
+    PARAMETERS,
+    TOOL_NAME,
+    Kind,
+    dicts_in,
+    names_tool,
+)
 from app.proxy.sse_tap import Usage, without_tool
 
 CARRIED = ("reasoning",)  # output items a restore turn passes back with its calls
@@ -81,3 +89,87 @@ class ResponsesDialect:
             if isinstance(response, dict) and event.get("type", "").startswith("response."):
                 return response
         return {}
+
+    def without_calls(self, answer: dict[str, Any]) -> dict[str, Any]:
+        """The output without the calls; a `NO_ANSWER` message when no message or call is
+        left."""
+        output = [i for i in dicts_in(answer, "output") if not _restore_call(i)]
+        if not any(i.get("type") in ANSWERING for i in output):
+            output.append(no_answer(len(output)))
+        return {**answer, "output": output}
+
+    def stray(self) -> StrayItems:
+        return StrayItems()
+
+
+ANSWERING = ("message", "function_call")  # output items that are an answer (not reasoning)
+
+
+def _restore_call(item: Any) -> bool:
+    return (
+        isinstance(item, dict)
+        and item.get("type") == "function_call"
+        and item.get("name") == TOOL_NAME
+    )
+
+
+def no_answer(at: int) -> dict[str, Any]:
+    """The message item that says the answer was nothing but restore calls."""
+    text = {"type": "output_text", "text": NO_ANSWER, "annotations": []}
+    return {"type": "message", "id": f"msg_inflight_{at}", "role": "assistant",
+            "status": "completed", "content": [text]}  # fmt: skip
+
+
+class StrayItems:
+    """A Responses stream without `inflight_restore` calls: the events of those output items
+    are dropped, the later items renumbered (`output_index`), and the response objects the
+    events carry list only the rest; when no message or call is left, `response.completed`
+    comes after a `NO_ANSWER` message item (its `added` and `done` events)."""
+
+    def __init__(self) -> None:
+        self.index: dict[Any, int | None] = {}  # output index -> new index, None: dropped
+        self.answering = False  # a message or client call item has been added
+
+    @property
+    def _dropped(self) -> bool:
+        return None in self.index.values()
+
+    def _kept(self) -> int:
+        return sum(v is not None for v in self.index.values())
+
+    def wants(self, payload: bytes) -> bool:
+        return (
+            TOOL_NAME.encode() in payload
+            or b"response.output_item.added" in payload
+            or (
+                self._dropped and (b'"output_index"' in payload or b"response.completed" in payload)
+            )
+        )
+
+    def apply(self, event: dict[str, Any]) -> list[dict[str, Any]]:
+        at = event.get("output_index")
+        if event.get("type") == "response.output_item.added" and at not in self.index:
+            item = event.get("item")
+            if _restore_call(item):
+                self.index[at] = None
+            else:
+                self.answering |= isinstance(item, dict) and item.get("type") in ANSWERING
+                self.index[at] = self._kept()
+        if "output_index" in event:
+            new = self.index.get(at, at)
+            if new is None:
+                return []
+            event = event if new == at else {**event, "output_index": new}
+        response = event.get("response")
+        if not isinstance(response, dict) or not isinstance(response.get("output"), list):
+            return [event]
+        output = [i for i in response["output"] if not _restore_call(i)]
+        if event.get("type") != "response.completed" or self.answering or not self._dropped:
+            if len(output) == len(response["output"]):
+                return [event]
+            return [{**event, "response": {**response, "output": output}}]
+        item = no_answer(len(output))
+        added = {"type": "response.output_item.added", "output_index": len(output), "item": item}
+        done = {**added, "type": "response.output_item.done"}
+        completed = {**event, "response": {**response, "output": [*output, item]}}
+        return [added, done, completed]

@@ -6,7 +6,9 @@ chunks held so far go first, then the rest of the same upstream body. Tool calls
 that answer is read to its end and assembled; when it calls `inflight_restore` (and a round is
 left) the proxy answers and streams the next round instead, else the held answer is relayed
 exactly as received. The client sees one well-formed stream — the final round's —
-with time to first byte delayed only for tool-call answers.
+with time to first byte delayed only for tool-call answers. A restore call in the relayed
+stream (after its text, or on the last round) is not answered: the tap drops it
+(`Dialect.stray`).
 """
 
 from __future__ import annotations

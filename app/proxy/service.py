@@ -287,15 +287,18 @@ class ApiService:
         send: Send,
         base_url: str,
     ) -> Response:
-        """Run restore's rounds on a first answer that succeeded, then relay the last one."""
+        """Run restore's rounds on a first answer that succeeded, then relay the last one.
+        The usage of the rounds before a failing one is the request's (it was spent)."""
         upstream, tap = first
-        if tap is None:
-            upstream, content = await follow_json(loop, upstream, send)
-        else:
-            held = await follow_stream(loop, upstream, send)
-            upstream = held.upstream
-            loop.prepare(tap)
-        exchange.rounds = loop.rounds
+        try:
+            if tap is None:
+                upstream, content = await follow_json(loop, upstream, send)
+            else:
+                held = await follow_stream(loop, upstream, send)
+                upstream = held.upstream
+                loop.prepare(tap)
+        finally:
+            exchange.rounds, exchange.usage = loop.rounds, loop.usage
         if exchange.compacted is not None and loop.rounds > 1:
             report = {**exchange.compacted.headers, **restore_headers(loop)}
             exchange.compacted = replace(exchange.compacted, headers=report)
@@ -314,7 +317,7 @@ class ApiService:
         if upstream.status_code >= 400:
             exchange.outcome = "upstream_error"
         else:
-            exchange.usage = usage_from_json(content, self.api.usage)
+            exchange.usage = usage_from_json(content, self.api.usage) or exchange.usage
             base_url = self._upstream.route(exchange.model, anthropic=self.api.anthropic).base_url
             self._check_truncation(exchange, base_url)
         await self._finish(exchange)

@@ -4,17 +4,18 @@ It sees the upstream's bytes chunk by chunk and holds at most one partial line. 
 can carry usage or an error are parsed (chat's usage chunk; the response object of a Responses
 `response.completed` or `response.failed`, or its `error` event; Anthropic's `message_start`
 and `message_delta`, whose usage adds up, and its `error` event); everything else passes
-through untouched. When the proxy
-itself asked the upstream for usage (the client did not), the usage-only chunk is cut out of what
-the client sees. The final event is chat's `data: [DONE]`, or the data line of a Responses
-(`response.completed`, `response.failed`, `response.incomplete`) or Anthropic (`message_stop`)
-final event: once it has been read the answer is complete.
+through untouched. When the proxy itself asked the upstream for usage (the client did not), the
+usage-only chunk is cut out of what the client sees. Restore's earlier rounds (`carry`) are
+added to the usage the client sees: those lines are re-encoded. The final event is chat's
+`data: [DONE]`, or the data line of a Responses (`response.completed`, `response.failed`,
+`response.incomplete`) or Anthropic (`message_stop`) final event: once it has been read the
+answer is complete.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -129,8 +130,52 @@ def without_tool(holder: Any, name: str) -> dict[str, Any] | None:
     return None if len(kept) == len(tools) else {**holder, "tools": kept}
 
 
+ANTHROPIC_COUNTS = (
+    "input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"
+)  # fmt: skip
+
+
+def anthropic_counts(usage: Usage) -> tuple[int, int, int, int]:
+    """`usage` as Anthropic's four counts, in `ANTHROPIC_COUNTS` order."""
+    read, written = usage.cached_tokens or 0, usage.cache_write_tokens or 0
+    fresh = (usage.prompt_tokens or 0) - read - written
+    return fresh, usage.completion_tokens or 0, read, written
+
+
+def anthropic_summed(event: dict[str, Any], carry: Usage) -> dict[str, Any]:
+    """An Anthropic `message_start` or `message_delta` event stating `carry` (restore's earlier
+    rounds) plus its own usage. Each count the event states becomes the sum; `message_start`
+    also states the cache counts `carry` has and it does not. Clients overwrite the usage of
+    `message_start` with each count a `message_delta` states (the anthropic SDK does), so the
+    message they assemble states the sum of every round."""
+    start = event.get("type") == "message_start"
+    holder = event.get("message") if start else event
+    if not isinstance(holder, dict) or not isinstance(holder.get("usage"), dict):
+        return event
+    usage = dict(holder["usage"])
+    for key, earlier in zip(ANTHROPIC_COUNTS, anthropic_counts(carry), strict=True):
+        own = _int_or_none(usage.get(key))
+        if own is not None or (start and earlier):
+            usage[key] = (own or 0) + earlier
+    holder = {**holder, "usage": usage}
+    return {**event, "message": holder} if start else holder
+
+
 def _first(*values: int | None) -> int | None:
     return next((v for v in values if v is not None), None)
+
+
+class EventEdit(Protocol):
+    """Changes a stream's events as they pass (restore drops its tool's calls)."""
+
+    def wants(self, payload: bytes) -> bool:
+        """Whether an event's data (unparsed) may need a change: only those are parsed."""
+        ...
+
+    def apply(self, event: dict[str, Any]) -> list[dict[str, Any]]:
+        """The events to send instead of `event` (`[event]`, the same object: unchanged;
+        `[]`: dropped)."""
+        ...
 
 
 FINAL_EVENTS = frozenset(
@@ -153,6 +198,8 @@ class SSETap:
     # restore on the Responses API: its tool, taken out of every response object an event
     # echoes (those lines are re-encoded; the others pass untouched)
     hide_tool: str | None = None
+    # restore: drops its tool's calls from the events (an `event:` line goes with its data)
+    edit: EventEdit | None = None
     usage: Usage | None = None
     done: bool = False
     error: Any = None
@@ -161,12 +208,23 @@ class SSETap:
     _final_next: bool = False  # an `event:` line named a final event; its data line ends it
     _rewritten: bytes | None = None  # the line `_observe` just read, with the summed usage
     _own: Usage | None = None  # an Anthropic stream's usage so far, without `carry`
+    _event_line: bytes = b""  # with `edit`: an `event:` line held until its data is read
+
+    @property
+    def _rebuild(self) -> bool:
+        """Whether lines are rewritten (else every chunk passes as it came)."""
+        return (
+            self.strip_usage_chunk
+            or self.carry is not None
+            or self.hide_tool is not None
+            or self.edit is not None
+        )
 
     def feed(self, chunk: bytes) -> bytes:
         data = self._partial + chunk
         cut = data.rfind(b"\n") + 1
         complete, self._partial = data[:cut], data[cut:]
-        rebuild = self.strip_usage_chunk or self.carry is not None or self.hide_tool is not None
+        rebuild = self._rebuild
         if not complete:
             return b"" if rebuild else chunk
         if not rebuild:
@@ -180,6 +238,17 @@ class SSETap:
                 self._skip_blank = False
                 continue
             self._skip_blank = False
+            if self.edit is not None:
+                if stripped.startswith(b"event:"):
+                    self._observe(stripped)
+                    self._event_line = line
+                    continue
+                held, self._event_line = self._event_line, b""
+                edited = self._edited(self.edit, held, stripped, line[len(stripped) :])
+                if edited is not None:
+                    out += edited
+                    continue
+                out += held
             if self._observe(stripped) and self.strip_usage_chunk:
                 self._skip_blank = True
                 self._rewritten = None
@@ -192,11 +261,42 @@ class SSETap:
     def flush(self) -> bytes:
         """What is left at the end of the stream (a last line without newline)."""
         rest, self._partial = self._partial, b""
+        held, self._event_line = self._event_line, b""
         if rest:
             self._observe(rest.rstrip(b"\r"))
             if self._rewritten is not None:
                 rest, self._rewritten = self._rewritten, None
-        return rest if self.strip_usage_chunk or self.carry is not None else b""
+        return held + rest if self._rebuild else b""
+
+    def _edited(self, edit: EventEdit, held: bytes, line: bytes, ending: bytes) -> bytes | None:
+        """What to send for the data `line` (after the `event:` line `held`, if any) when
+        `edit` changes its event; None when it does not."""
+        if not line.startswith(b"data:") or not edit.wants(line[5:]):
+            return None
+        try:
+            event = orjson.loads(line[5:])
+        except orjson.JSONDecodeError:
+            return None
+        if not isinstance(event, dict):
+            return None
+        events = edit.apply(event)
+        if len(events) == 1 and events[0] is event:
+            return None
+        if not events:  # dropped, with its `event:` line and the blank line that ends it
+            self._skip_blank = True
+            return b""
+        out = bytearray()
+        for k, each in enumerate(events):
+            data = b"data: " + orjson.dumps(each)
+            if self._observe(data) and self.strip_usage_chunk:
+                self._rewritten = None
+                continue
+            if self._rewritten is not None:
+                data, self._rewritten = self._rewritten, None
+            if held:
+                out += b"event: " + str(each.get("type", "")).encode() + b"\n"
+            out += data + (ending if k == len(events) - 1 else b"\n\n")
+        return bytes(out)
 
     def _hide(self, payload: bytes) -> None:
         """Take the hidden tool out of the response object an event line carries."""
@@ -246,6 +346,8 @@ class SSETap:
             return False
         if event.get("type") in ("message_start", "message_delta"):
             self._anthropic_usage(event)
+            if self.carry is not None:  # the client's view states every round's usage
+                self._rewritten = b"data: " + orjson.dumps(anthropic_summed(event, self.carry))
             return False
         # A Responses event carries the response object (usage in `response.completed`, the
         # error in `response.failed`), or is itself an `error` event.
@@ -262,5 +364,8 @@ class SSETap:
         if self.carry is not None and inner is event:  # chat's usage chunk states the sum
             summed = {**event, "usage": self.usage.as_chat(event.get("usage"))}
             self._rewritten = b"data: " + orjson.dumps(summed)
+        elif self.carry is not None and self._rewritten is None:  # a Responses response object
+            shown = {**inner, "usage": self.usage.as_responses(inner.get("usage"))}
+            self._rewritten = b"data: " + orjson.dumps({**event, "response": shown})
         choices = event.get("choices")
         return not choices and "type" not in event  # a chat usage-only chunk (never an event)

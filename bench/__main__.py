@@ -41,6 +41,13 @@ def main() -> None:
     parser.add_argument("-n", type=int, default=300, help="requests per target and mode")
     parser.add_argument("--no-litellm", action="store_true", help="skip the LiteLLM comparison")
     parser.add_argument("--only", choices=SECTIONS, action="append", help="run only these")
+    parser.add_argument(
+        "--before",
+        metavar="DIR",
+        help="an earlier checkout of inflight (e.g. `git worktree add /tmp/before REF`): the "
+        "hot path's before/after compares its build with this one (default: this build with "
+        "the replay cache off)",
+    )
     args = parser.parse_args()
     only = set(args.only or SECTIONS)
     print(f"# inflight benchmark (Python {platform.python_version()}, {os.cpu_count()} cores)\n")
@@ -52,12 +59,13 @@ def main() -> None:
                 "bare relay": stack.enter_context(bare_relay(upstream)),
             }
             env = {"INFLIGHT_DATABASE_URL": "none", "INFLIGHT_CONTEXT_LIMIT": "131072"}
-            for name, replays in (("inflight before", False), ("inflight", True)):
-                targets[name] = stack.enter_context(proxy(upstream, env, replays=replays))
+            before = proxy(upstream, env, root=args.before, replays=args.before is not None)
+            targets["inflight before"] = stack.enter_context(before)
+            targets["inflight"] = stack.enter_context(proxy(upstream, env))
             print("## The hot path: inflight against a bare relay as conversations grow\n")
-            print(hot_path.added_latency(targets, n=args.n) + "\n")
+            print(hot_path.added_latency(targets, n=args.n, before=args.before) + "\n")
             print(hot_path.http_clients(upstream) + "\n")
-        print(hot_path.own_work() + "\n")
+        print(hot_path.own_work(args.before) + "\n")
         print(hot_path.plan_work() + "\n")
         print(hot_path.cold_counting() + "\n")
         print(hot_path.event_plan_times() + "\n")

@@ -13,10 +13,16 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import partial
+from pathlib import Path
 from typing import Any
 from unittest.mock import patch
 
@@ -27,13 +33,10 @@ from app.cli.simulate import request_points
 from app.compaction.engine import compact
 from app.compaction.policy import Budget, StrategyName
 from app.compaction.replays import ReplayCache, Replays
-from app.factory import create_app
-from app.settings import Settings
 from app.tokens.counter import ChatTokenCounter, count_within
 from app.tokens.encodings import EncodingSet, load_encodings
 from app.tokens.heuristic import heuristic_tokens, heuristic_tokens_by_regex
-from bench.overhead import _bare_relay, _upstream
-from bench.variant import without_replays
+from bench.overhead import _bare_relay
 from tests.support import load_traces
 
 Messages = list[dict[str, Any]]
@@ -87,9 +90,10 @@ def _time(client: httpx.Client, url: str, body: bytes, stream: bool) -> float:
         return first
 
 
-def added_latency(targets: dict[str, str], n: int = 200) -> str:
-    """Targets: "direct", "bare relay", "inflight" base URLs, and "inflight before" (the replay
-    cache off: `bench.variant`). Interleaved request by request."""
+def added_latency(targets: dict[str, str], n: int = 200, before: str | None = None) -> str:
+    """Targets: "direct", "bare relay", "inflight" base URLs, and "inflight before" (an earlier
+    checkout at `before`, else this build with the replay cache off: `bench.variant`).
+    Interleaved request by request."""
     cases = {
         "60 messages (~20k tokens)": (conversation(60, 75), 60, False),
         "300-message session (~45k tokens)": (conversation(360, 30), 300, True),
@@ -117,9 +121,12 @@ def added_latency(targets: dict[str, str], n: int = 200) -> str:
                 )
     return (
         f"Added latency on loopback, p50 of {n} requests per target, interleaved (the session "
-        "adds a message each request); before: the same build with the replay cache off:\n\n"
-        + "\n".join(lines)
+        f"adds a message each request); before: {_before(before)}:\n\n" + "\n".join(lines)
     )
+
+
+def _before(before: str | None) -> str:
+    return f"the checkout at `{before}`" if before else "the same build with the replay cache off"
 
 
 def _interleaved(
@@ -139,67 +146,91 @@ def _interleaved(
 # -- inflight's own work, in process ---------------------------------------------------------
 
 
-async def _ms_per_request(
-    app: Any, bodies: Sequence[bytes], rounds: int, warm: Sequence[bytes]
-) -> float:
+async def _ms_per_request(app: Any, bodies: Sequence[bytes]) -> float:
+    """Median ms per request of `bodies` through `app` in process (the first three warm)."""
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as client:
-        for body in warm:
-            (
-                await client.post("/v1/chat/completions", content=body, headers=HEADERS)
-            ).raise_for_status()
         samples = []
-        for _ in range(rounds):
-            for body in bodies:
-                start = time.perf_counter()
-                await client.post("/v1/chat/completions", content=body, headers=HEADERS)
+        for i, body in enumerate(bodies):
+            start = time.perf_counter()
+            await client.post("/v1/chat/completions", content=body, headers=HEADERS)
+            if i >= 3:
                 samples.append((time.perf_counter() - start) * 1000)
         return statistics.median(samples)
 
 
-async def _own_work(
-    messages: Messages, start: int, count: int, window: int
-) -> tuple[float, float, float]:
-    """(inflight ms with the replay cache off, on, bare relay ms) per request of a session
-    growing from `start` messages."""
-    bodies = list(growing(messages, start, count))
-    warm = bodies[:1]
-    bare = await _ms_per_request(_bare_relay(), bodies[1:], 1, warm)
-    settings = Settings(
-        _env_file=None, upstream_url="http://up/v1", database_url="none", context_limit=window
-    )
-    ms = []
-    for replays in (False, True):
-        app = create_app(settings, transport=httpx.MockTransport(_upstream))
-        if not replays:
-            without_replays(app)
-        async with app.router.lifespan_context(app):
-            ms.append(await _ms_per_request(app, bodies[1:], 1, warm))
-    return ms[0], ms[1], bare
+ROOT = Path(__file__).resolve().parent.parent
 
 
-def own_work(count: int = 40) -> str:
+def _measured(root: Path, cases: Path) -> dict[str, float]:
+    """`bench/own_work.py` on `cases` with the `app` of the checkout at `root`."""
+    script = Path(__file__).with_name("own_work.py")
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    out = subprocess.run(
+        [sys.executable, str(script), str(cases)],
+        cwd=root, env=env, capture_output=True, check=True, timeout=900,
+    )  # fmt: skip
+    results: dict[str, float] = json.loads(out.stdout)
+    return results
+
+
+def own_work(before: str | None = None, rounds: int = 3, count: int = 40) -> str:
+    """inflight's own work in process (ASGI, in-memory upstream) per request of sessions that
+    grow a message a request, minus a bare relay's; with `before` (an earlier checkout), both
+    builds measured in alternating rounds, each figure the median round."""
     cases = [
         ("60 messages", conversation(200, 75), 60, 131_072),
         ("300 messages", conversation(400, 30), 300, 131_072),
         ("2,000 messages, under the threshold", conversation(2100, 8), 2000, 1_000_000),
         ("2,000 messages, compacted (32k window)", conversation(2100, 8), 2000, 32_768),
     ]
-    lines = [
-        "| conversation | bare relay ms | inflight ms, before → after "
-        "| inflight's own work ms, before → after |",
-        "|---|---:|---:|---:|",
-    ]
-    for label, messages, start, window in cases:
-        before, after, bare = asyncio.run(_own_work(messages, start, count, window))
-        lines.append(
-            f"| {label} | {bare:.2f} | {before:.2f} → {after:.2f} | "
-            f"{before - bare:.2f} → {after - bare:.2f} |"
-        )
+    builds = {"after": ROOT} | ({"before": Path(before).resolve()} if before else {})
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in builds}
+    bare: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "cases.json"
+        payload = [
+            {
+                "label": label,
+                "window": window,
+                "bodies": [b.decode() for b in growing(messages, start, count + 3)],
+            }
+            for label, messages, start, window in cases
+        ]
+        path.write_text(json.dumps(payload))
+        for label, messages, start, _ in cases:
+            bodies = list(growing(messages, start, count + 3))
+            bare[label] = asyncio.run(_ms_per_request(_bare_relay(), bodies))
+        for _ in range(rounds):
+            for name, root in builds.items():
+                runs[name].append(_measured(root, path))
+    ms = {
+        name: {c[0]: statistics.median(r[c[0]] for r in rs) for c in cases}
+        for name, rs in runs.items()
+    }
+    if before:
+        lines = [
+            "| conversation | bare relay ms | inflight ms, before → after "
+            "| inflight's own work ms, before → after |",
+            "|---|---:|---:|---:|",
+        ]
+        for label, *_ in cases:
+            b, a, relay = ms["before"][label], ms["after"][label], bare[label]
+            lines.append(
+                f"| {label} | {relay:.2f} | {b:.2f} → {a:.2f} | {b - relay:.2f} → {a - relay:.2f} |"
+            )
+        what = f"before: the checkout at `{before}`, measured in alternating rounds"
+    else:
+        lines = ["| conversation | bare relay ms | inflight ms | inflight's own work ms |"]
+        lines.append("|---|---:|---:|---:|")
+        for label, *_ in cases:
+            a, relay = ms["after"][label], bare[label]
+            lines.append(f"| {label} | {relay:.2f} | {a:.2f} | {a - relay:.2f} |")
+        what = "`--before DIR` adds an earlier checkout's figures"
     return (
-        f"In process (ASGI, in-memory upstream), each request the previous one plus a message, "
-        f"median of {count} requests after the first; before: the replay cache off:\n\n"
-        + "\n".join(lines)
+        "In process (ASGI, in-memory upstream that reports a plausible prompt count), each "
+        f"request the previous one plus a message, median of {count} requests after three, "
+        f"median of {rounds} rounds; {what}:\n\n" + "\n".join(lines)
     )
 
 

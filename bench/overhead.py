@@ -36,7 +36,11 @@ BODY = orjson.dumps({"model": "bench", "messages": [{"role": "user", "content": 
 def _upstream(request: httpx.Request) -> httpx.Response:
     if request.url.path.endswith("/models"):
         return httpx.Response(200, json={"data": [{"id": "bench", "max_model_len": 8192}]})
-    return httpx.Response(200, content=ANSWER, headers={"content-type": "application/json"})
+    # a plausible prompt count (see bench/upstream.py's `usage`)
+    prompt = len(request.content) // 4
+    usage = {"prompt_tokens": prompt, "completion_tokens": 2, "total_tokens": prompt + 2}
+    content = orjson.dumps({**orjson.loads(ANSWER), "usage": usage})
+    return httpx.Response(200, content=content, headers={"content-type": "application/json"})
 
 
 def _bare_relay() -> FastAPI:

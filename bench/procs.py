@@ -18,11 +18,16 @@ from tests.support import free_port
 
 @contextmanager
 def process(
-    argv: Sequence[str], health_url: str, env: dict[str, str] | None = None, timeout: float = 60
+    argv: Sequence[str],
+    health_url: str,
+    env: dict[str, str] | None = None,
+    timeout: float = 60,
+    cwd: str | None = None,
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """Run `argv` until `health_url` answers; terminate it on exit (bounded)."""
+    """Run `argv` (in `cwd`) until `health_url` answers; terminate it on exit (bounded)."""
     proc = subprocess.Popen(
         list(argv),
+        cwd=cwd,
         env={**os.environ, **(env or {})},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -60,17 +65,26 @@ def fake_upstream() -> Iterator[str]:
 
 @contextmanager
 def proxy(
-    upstream_url: str, extra_env: dict[str, str] | None = None, *, replays: bool = True
+    upstream_url: str,
+    extra_env: dict[str, str] | None = None,
+    *,
+    replays: bool = True,
+    root: str | None = None,
 ) -> Iterator[str]:
-    with proxy_process(upstream_url, extra_env, replays=replays) as (url, _):
+    with proxy_process(upstream_url, extra_env, replays=replays, root=root) as (url, _):
         yield url
 
 
 @contextmanager
 def proxy_process(
-    upstream_url: str, extra_env: dict[str, str] | None = None, *, replays: bool = True
+    upstream_url: str,
+    extra_env: dict[str, str] | None = None,
+    *,
+    replays: bool = True,
+    root: str | None = None,
 ) -> Iterator[tuple[str, int]]:
-    """A proxy process: (base URL, pid). `replays=False`: the replay cache off (`bench.variant`)."""
+    """A proxy process: (base URL, pid). `replays=False`: the replay cache off (`bench.variant`);
+    `root`: the inflight of another checkout (`python -m bench --before DIR`)."""
     port = free_port()
     argv = [
         sys.executable,
@@ -87,7 +101,9 @@ def proxy_process(
     if not replays:
         argv = [sys.executable, "-m", "bench.variant", str(port), upstream_url]
     env = {"INFLIGHT_DATABASE_URL": "sqlite:///:memory:", **(extra_env or {})}
-    with process(argv, f"http://127.0.0.1:{port}/healthz", env=env) as proc:
+    if root is not None:  # its `app` first: `-m` puts the working directory first on the path
+        env["PYTHONPATH"] = root
+    with process(argv, f"http://127.0.0.1:{port}/healthz", env=env, cwd=root) as proc:
         yield f"http://127.0.0.1:{port}/v1", proc.pid
 
 

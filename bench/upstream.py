@@ -30,25 +30,37 @@ def _chunk(i: int, stamp: bool = False) -> bytes:
     return b"data: " + orjson.dumps(event) + b"\n\n"
 
 
-USAGE = {"prompt_tokens": 50, "completion_tokens": CHUNKS, "total_tokens": 50 + CHUNKS}
-BODY = orjson.dumps(
-    {
-        "id": "c",
-        "object": "chat.completion",
-        "created": 1,
-        "model": "bench",
-        "choices": [
-            {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
-        ],
-        "usage": USAGE,
-    }
-)
+def usage(raw: bytes) -> dict[str, int]:
+    """A plausible count of the prompt (a real server reports the real one; a fixed small
+    number would read as a silently truncated prompt and teach the proxy a tiny window)."""
+    prompt = len(raw) // 4
+    return {"prompt_tokens": prompt, "completion_tokens": CHUNKS, "total_tokens": prompt + CHUNKS}
+
+
+def answer(raw: bytes) -> bytes:
+    return orjson.dumps(
+        {
+            "id": "c",
+            "object": "chat.completion",
+            "created": 1,
+            "model": "bench",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "ok"},
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": usage(raw),
+        }
+    )
 
 
 async def chat(request: Request) -> Response:
-    body = orjson.loads(await request.body())
+    raw = await request.body()
+    body = orjson.loads(raw)
     if not body.get("stream"):
-        return Response(BODY, media_type="application/json")
+        return Response(answer(raw), media_type="application/json")
     usage = (body.get("stream_options") or {}).get("include_usage")
     gap = float(body.get("bench_gap", 0))  # seconds between chunks (held streams)
     stamp = bool(body.get("bench_stamp"))  # content = send time in ns (chunk latency)
@@ -60,7 +72,8 @@ async def chat(request: Request) -> Response:
             if gap:
                 await asyncio.sleep(gap)
         if usage:
-            yield b"data: " + orjson.dumps({"id": "c", "choices": [], "usage": USAGE}) + b"\n\n"
+            final = {"id": "c", "choices": [], "usage": usage(raw)}
+            yield b"data: " + orjson.dumps(final) + b"\n\n"
         yield b"data: [DONE]\n\n"
 
     return StreamingResponse(events(), media_type="text/event-stream")

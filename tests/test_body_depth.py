@@ -1,5 +1,6 @@
-"""The request depth limit, checked on the raw bytes: exactly the old walk over the parsed
-value, whatever the strings hold (brackets, quotes, backslashes) and however it is spaced."""
+"""The request depth limit, checked at C speed on the parsed value (orjson's indented text):
+exactly the walk over the parsed value, whatever the strings hold (brackets, quotes,
+backslashes, newlines followed by spaces) and however the client spaced its JSON."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.errors import BadRequest
-from app.http.body import MAX_JSON_DEPTH, nested_deeper, parse_chat_body
+from app.http.body import MAX_JSON_DEPTH, deeper_than, parse_chat_body
 
 
 def reference_depth(value: Any) -> int:
@@ -57,11 +58,26 @@ def encodings(value: Any) -> list[bytes]:
 
 @settings(max_examples=400, deadline=None)
 @given(VALUES, st.integers(min_value=1, max_value=9))
-def test_byte_scan_agrees_with_the_walk(value: Any, limit: int) -> None:
+def test_the_check_agrees_with_the_walk(value: Any, limit: int) -> None:
     expected = reference_depth(value) > limit
-    for raw in encodings(value):
-        assert orjson.loads(raw) == value  # the bytes are that value
-        assert nested_deeper(raw, limit) is expected, raw
+    assert deeper_than(value, limit) is expected
+    for raw in encodings(value):  # as parsed from what a client sends, however spaced
+        assert deeper_than(orjson.loads(raw), limit) is expected, raw
+
+
+@pytest.mark.parametrize("limit", [1, 2, 8, MAX_JSON_DEPTH])
+def test_newlines_and_spaces_inside_strings_do_not_count(limit: int) -> None:
+    text = "\n" + " " * (2 * limit + 10) + "x\r\n\t" + " " * 300
+    value = {"a": text, "b": [text, {text: text}]}
+    assert reference_depth(value) == 4
+    assert deeper_than(value, limit) is (limit < 4)
+
+
+def test_past_orjsons_own_recursion_limit_is_too_deep() -> None:
+    value: Any = 1
+    for _ in range(600):
+        value = [value]
+    assert deeper_than(value, MAX_JSON_DEPTH)
 
 
 def chain(depth: int, leaf: Any) -> Any:

@@ -222,3 +222,45 @@ def test_an_implausible_count_is_ignored() -> None:
         calibration.observe("m", Observation(8000, 40, 80_000), HEURISTIC_BOUNDS)
     assert calibration.correction("m") == settled
     assert len(calibration._history["m"]) == 5
+
+
+def test_answers_the_fit_already_explains_skip_the_refit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fit on every answer was the biggest fixed cost of a request (issue 16). Answers the
+    last fit explains join the history without one — at most REFIT_EVERY in a row — and one it
+    does not explain refits at once, so the correction in use is the one refitting every time
+    would give, within the deadband."""
+    import app.tokens.calibration as calibration
+
+    fits = 0
+    real_fit = calibration.fit
+
+    def counting_fit(*args: object, **kwargs: object) -> Correction:
+        nonlocal fits
+        fits += 1
+        return real_fit(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(calibration, "fit", counting_fit)
+    every = Calibration()
+    lazy = Calibration()
+
+    def answer(raw: int, messages: int) -> Observation:
+        return Observation(raw, messages, round(1.1 * raw + 2 * messages + 30))
+
+    steady = [answer(2000 + 37 * k, 10 + k % 7) for k in range(40)]
+    for obs in steady:
+        lazy.observe("m", obs, HEURISTIC_BOUNDS)
+    lazy_fits, fits = fits, 0
+    monkeypatch.setattr(calibration, "REFIT_EVERY", 0)  # the old way: a fit on every answer
+    for obs in steady:
+        every.observe("m", obs, HEURISTIC_BOUNDS)
+    assert fits == len(steady)
+    assert lazy_fits <= len(steady) // (calibration.REFIT_EVERY + 1) + 4, lazy_fits
+    probe = Observation(30_000, 200, 0)
+    assert lazy.correction("m").predict(probe) == pytest.approx(
+        every.correction("m").predict(probe), rel=calibration.DEADBAND
+    )
+    monkeypatch.setattr(calibration, "REFIT_EVERY", 8)
+    surprise = Observation(2000, 10, 4000)  # twice what the fit expects: refit at once
+    before = fits
+    lazy.observe("m", surprise, HEURISTIC_BOUNDS)
+    assert fits == before + 1

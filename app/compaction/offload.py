@@ -50,7 +50,12 @@ async def offload(messages: Sequence[Mapping[str, Any]], work: Callable[[], T]) 
     """Run counting and planning for `messages`: in a worker thread when they are large (the
     pure core and the counter are thread-safe), so that no request's CPU time stalls the event
     loop — other requests and `/healthz` go on being served meanwhile."""
-    if is_large(messages):
+    return await run_off(is_large(messages), work)
+
+
+async def run_off(large: bool, work: Callable[[], T]) -> T:
+    """Run `work` in a worker thread when it is `large` (see `is_large`), else inline."""
+    if large:
         return await asyncio.to_thread(work)
     return work()
 

@@ -530,7 +530,8 @@ def plan(
             before=head_cost,
         )
     # A history with no user message yet is not kept: its head may still move.
-    kept = replay.replay(budget.trigger, recall is not None and shape.head_user)
+    keep = recall is not None and recall.replays.keep and shape.head_user
+    kept = replay.replay(budget.trigger, keep)
     if recall is not None and kept is not None:
         recall.remember(kept, messages, shape.units[-1].start)
     return replay.result()

@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
 import orjson
@@ -112,6 +112,12 @@ class Replays:
 
     cache: ReplayCache[Any]
     counting: Callable[[], Hashable]
+    keep: bool = True  # False: resume from the cache, never store in it (a what-if plan)
+
+    def peeking(self) -> Replays:
+        """The same cache, read only: for plans of a history the client has not sent (the next
+        event's prediction), which must not stand for any real request's prefix."""
+        return replace(self, keep=False)
 
 
 @dataclass(slots=True)
@@ -139,7 +145,7 @@ class Recall:
     def remember(self, state: Any, messages: Sequence[Mapping[str, Any]], end: int) -> None:
         """Keep `state` (no longer changed by anyone) as the replay of `messages[:end]`, unless
         the count function's state moved while planning."""
-        if self.replays.counting() != self.counting:
+        if not self.replays.keep or self.replays.counting() != self.counting:
             return
         text = self.text[: len(self.text) - len(orjson.dumps(list(messages[end:])))]
         size = len(text) + STATE_BYTES_PER_UNIT * end

@@ -23,8 +23,8 @@ from app.compaction.cuts import Cut, cuts_of
 from app.compaction.engine import CompactionResult, compact, marker_tokens
 from app.compaction.formats import ApiName, Conversation, WireFormat
 from app.compaction.formats.chat import ChatFormat
-from app.compaction.offload import as_received, offload
-from app.compaction.planner import plan
+from app.compaction.offload import as_received, is_large, offload, run_off
+from app.compaction.planner import Plan, plan
 from app.compaction.policy import (
     Budget,
     Controls,
@@ -242,43 +242,57 @@ class CompactionService:
         state: the summary stands for the cut span when it is cached (or, in wait mode, made
         for this request), else nothing does (DESIGN.md §12)."""
         messages = job.conversation.messages
-        fixed = await offload(messages, job.count_fixed)
+        off = partial(run_off, is_large(messages))  # where this request's work runs, settled once
         replays = None
         if self._replays is not None:
             replays = Replays(self._replays, partial(self._counter.counting, job.model))
-        compaction = partial(
-            compact, messages, pipeline, budget, job.count, fixed,
+        compacting = partial(
+            compact, messages, pipeline, budget, job.count,
             protect=job.protect, restore=job.restore, replays=replays,
         )  # fmt: skip
         summarizing = self._summarizing
         if "summarize" not in pipeline or summarizing is None:
-            return job.rendered(await offload(messages, compaction))
+
+            def whole() -> _Outcome:  # counting, planning and rendering: one hop
+                return job.rendered(compacting(job.count_fixed()))
+
+            return await off(whole)
         reserved = summary_budget(budget.goal)
         # restoring, the summary ends with the span marker: its tokens are reserved too
         planned_size = reserved + (marker_tokens(job.count) if job.restore else 0)
-        the_plan = await offload(
-            messages,
-            partial(
-                plan, messages, pipeline, budget, job.count, fixed, planned_size,
+
+        def planned() -> tuple[int, Plan]:
+            fixed = job.count_fixed()
+            the_plan = plan(
+                messages, pipeline, budget, job.count, fixed, planned_size,
                 protect=job.protect, marked=job.restore, replays=replays,
-            ),
-        )  # fmt: skip
+            )  # fmt: skip
+            return fixed, the_plan
+
+        fixed, the_plan = await off(planned)
+        compaction = partial(compacting, fixed, summary_tokens=planned_size, planned=the_plan)
         asked = job.asked()
-        await summarizing.ahead(asked, the_plan, pipeline, budget, fixed, reserved)
+        # the next event's prediction: the same inputs, resuming this plan's replay (read only)
+        peek = replays.peeking() if replays is not None else None
+        replan = partial(
+            plan, pipeline=pipeline, budget=budget, fixed_tokens=fixed,
+            summary_tokens=planned_size, protect=job.protect, marked=job.restore, replays=peek,
+        )  # fmt: skip
+        await summarizing.ahead(asked, the_plan, lambda m, c: replan(m, count=c), budget, reserved)
         if not the_plan.summarize:
-            planned = partial(compaction, summary="", summary_tokens=planned_size, planned=the_plan)
-            return job.rendered(await offload(messages, planned))
+            return await off(lambda: job.rendered(compaction(summary="")))
         summary = await summarizing.job(asked, the_plan, reserved)
         text, state, why = await summarizing.stand_in(asked, summary)
-        result = await offload(
-            messages,
-            partial(compaction, summary=text, summary_tokens=planned_size, planned=the_plan),
-        )
-        if text is None:
-            result = without_summary(
-                result, pipeline, planned_size, budget, job.count, marked=job.restore
-            )
-        return job.rendered(result, summary.usage, why, state)
+
+        def stood_in() -> _Outcome:
+            result = compaction(summary=text)
+            if text is None:
+                result = without_summary(
+                    result, pipeline, planned_size, budget, job.count, marked=job.restore
+                )
+            return job.rendered(result, summary.usage, why, state)
+
+        return await off(stood_in)
 
     def _budget(self, controls: Controls, window: int, reserve: int) -> Budget:
         threshold = controls.threshold or self._settings.threshold

@@ -40,9 +40,13 @@ class AppState:
     encodings_missing: tuple[str, ...]
 
 
-async def get_state(request: Request) -> AppState:
+def app_state(request: Request) -> AppState:
     state: AppState = request.app.state.inflight
     return state
+
+
+async def get_state(request: Request) -> AppState:
+    return app_state(request)
 
 
 async def require_client(request: Request) -> str | None:

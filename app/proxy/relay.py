@@ -43,9 +43,37 @@ class RelayResult:
     bytes_sent: int
 
 
-def buffered_response(content: bytes, status_code: int, headers: list[tuple[str, str]]) -> Response:
-    """A complete body with the upstream's headers kept as a list (repeated names survive)."""
-    response = Response(content, status_code=status_code)
+class BufferedResponse(Response):
+    """A complete body; `after` runs once the body is handed to the server (or sending it
+    failed): what is left to do for the exchange — its usage record, calibrating the counter —
+    does not delay the answer."""
+
+    def __init__(
+        self,
+        content: bytes,
+        status_code: int,
+        after: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        super().__init__(content, status_code=status_code)
+        self.after = after
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if self.after is not None:
+                await self.after()
+
+
+def buffered_response(
+    content: bytes,
+    status_code: int,
+    headers: list[tuple[str, str]],
+    after: Callable[[], Awaitable[None]] | None = None,
+) -> Response:
+    """A complete body with the upstream's headers kept as a list (repeated names survive);
+    `after`: see `BufferedResponse`."""
+    response = BufferedResponse(content, status_code, after)
     response.raw_headers = [
         (k.encode("latin-1"), v.encode("latin-1"))
         for k, v in headers

@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -320,10 +321,11 @@ class ApiService:
             exchange.usage = usage_from_json(content, self.api.usage) or exchange.usage
             base_url = self._upstream.route(exchange.model, anthropic=self.api.anthropic).base_url
             self._check_truncation(exchange, base_url)
-        await self._finish(exchange)
         self._sent(exchange)
+        headers = self._response_headers(exchange, upstream)
+        # recorded (and the counter calibrated) once the answer is on its way
         return buffered_response(
-            content, upstream.status_code, self._response_headers(exchange, upstream)
+            content, upstream.status_code, headers, partial(self._finish, exchange)
         )
 
     def _check_truncation(self, exchange: Exchange, base_url: str) -> None:

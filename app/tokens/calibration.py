@@ -43,6 +43,11 @@ DEADBAND_FLOOR = 256  # ... relative to at least this many tokens (short prompts
 MAX_MODELS = 1024  # model names come from clients: bounded
 MIN_ACTUAL = 16  # a smaller count is a placeholder or a prompt of pure framing: nothing to learn
 MAX_SOLVER_STEPS = 64  # the active-set solver needs a few; this bounds it whatever the input
+# A fit costs a few hundred microseconds on every answer. An observation the last fit already
+# explains (within half the deadband) cannot move the correction in use by itself, so it joins
+# the history without a refit — at most this many in a row, so that fading old observations
+# still count.
+REFIT_EVERY = 8
 # Prior stiffness per parameter toward "no correction", in the units of the weighted sum of
 # squares (a short prompt weighs about 1/256, a 3,000-token one 1/3,900). `content`: a twentieth
 # of one 3,000-token prompt but some thirty short ones, so short prompts alone hardly move it.
@@ -305,6 +310,7 @@ class Calibration:
         self._max_models = max_models
         self._history: dict[str, deque[Observation]] = {}
         self._applied: dict[str, Correction] = {}
+        self._fitted: dict[str, tuple[Correction, int]] = {}  # the last fit, observations since
         self._changes = 0  # how many times a correction in use changed
         self._lock = threading.Lock()
 
@@ -336,7 +342,14 @@ class Calibration:
                     return
                 history = self._history[model] = deque(maxlen=self._window)
             history.append(obs)
+            last, since = self._fitted.get(model, (None, 0))
+            if not overflowed and last is not None and since < REFIT_EVERY:
+                expected = last.predict(obs)
+                if abs(expected - obs.actual) <= DEADBAND / 2 * max(expected, DEADBAND_FLOOR):
+                    self._fitted[model] = (last, since + 1)
+                    return
             fitted = fit(history, bounds)
+            self._fitted[model] = (fitted, 0)
             applied = self._applied.get(model, NEUTRAL)
             if overflowed:
                 self._applied[model] = reaching(fitted, obs, bounds)

@@ -9,11 +9,15 @@ the event needs, or the prefix of it that a rolling update extends.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from app.compaction.planner import MessageCounter, Plan, plan
-from app.compaction.policy import Budget, StrategyName
+from app.compaction.planner import MessageCounter, Plan
+
+# The plan of a history priced by a count function, with every other input of the request's
+# own plan (so that the prediction is the plan the event will get, and resumes the replay the
+# request's plan left in the replay cache).
+Replan = Callable[[Sequence[Mapping[str, Any]], MessageCounter], Plan]
 
 MAX_TURNS = 64  # turns a prediction grows the conversation by, at the most
 
@@ -46,11 +50,9 @@ def next_turn(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 def next_event(
     messages: Sequence[Mapping[str, Any]],
     current: Plan,
-    pipeline: tuple[StrategyName, ...],
-    budget: Budget,
+    replan: Replan,
+    trigger: int,
     count: MessageCounter,
-    fixed_tokens: int,
-    summary_tokens: int,
 ) -> Plan | None:
     """The plan of `messages` grown by turns like the last one until one triggers a compaction
     event (`current` is the plan of `messages`), when that event moves the cut; else None.
@@ -62,7 +64,7 @@ def next_event(
     shape = next_turn(messages)
     start = max(0, len(messages) - len(shape))
     last_turn = max(len(shape), sum(count(m) for m in messages[start:]))
-    need = max(1, budget.trigger - current.tokens_after + 1)
+    need = max(1, trigger - current.tokens_after + 1)
     turns = min(MAX_TURNS, -(-need // last_turn))  # ceil
     grown: list[dict[str, Any]] = []
     costs: dict[int, int] = {}
@@ -79,5 +81,5 @@ def next_event(
         found = costs.get(id(message))
         return count(message) if found is None else found
 
-    nxt = plan([*messages, *grown], pipeline, budget, cost, fixed_tokens, summary_tokens)
+    nxt = replan([*messages, *grown], cost)
     return nxt if nxt.cut > current.cut and nxt.summarize else None

@@ -14,9 +14,9 @@ from typing import Any
 from app.compaction.formats import ApiName
 from app.compaction.offload import offload
 from app.compaction.planner import MessageCounter, Plan
-from app.compaction.policy import Budget, StrategyName
+from app.compaction.policy import Budget
 from app.compaction.report import SummaryState
-from app.compaction.summary.ahead import next_event
+from app.compaction.summary.ahead import Replan, next_event
 from app.compaction.summary.background import BackgroundSummaries
 from app.compaction.summary.prompt import Completer, SummaryFailed
 from app.compaction.summary.rolling import Summaries, SummaryJob
@@ -95,9 +95,8 @@ class RequestSummaries:
         self,
         asked: Asked,
         the_plan: Plan,
-        pipeline: tuple[StrategyName, ...],
+        replan: Replan,
         budget: Budget,
-        fixed: int,
         reserved: int,
     ) -> None:
         """Near the threshold (`SUMMARY_AHEAD`), start summarising the span the next event
@@ -108,8 +107,8 @@ class RequestSummaries:
             return
         if the_plan.tokens_after < self._settings.summary_ahead * budget.budget:
             return
-        predict = partial(next_event, asked.messages, the_plan, pipeline, budget, asked.count)
-        nxt = await offload(asked.messages, partial(predict, fixed, reserved))
+        predict = partial(next_event, asked.messages, the_plan, replan, budget.trigger, asked.count)
+        nxt = await offload(asked.messages, predict)
         if nxt is None:
             return
         ahead = await self.job(asked, nxt, reserved)

@@ -2,23 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from app.http import openapi
-from app.http.state import State, api_client
+from app.http.state import api_client, app_state
 
 router = APIRouter()
 
 
-async def chat_client(request: Request, state: State) -> str | None:
-    return await api_client(request, state.chat)
-
-
 @router.post("/v1/chat/completions", response_model=None, openapi_extra=openapi.CHAT_COMPLETIONS)
-async def chat_completions(
-    request: Request, state: State, client: Annotated[str | None, Depends(chat_client)]
-) -> Response:
-    return await state.chat.handle(request, client)
+async def chat_completions(request: Request) -> Response:
+    # no FastAPI dependencies on the hot path: they cost more than the work they do
+    service = app_state(request).chat
+    return await service.handle(request, await api_client(request, service))

@@ -9,14 +9,10 @@ from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
 from app.http.routes.passthrough import METHODS
-from app.http.state import State, api_client, require_client
+from app.http.state import State, api_client, app_state, require_client
 from app.proxy.messages import anthropic_error_body
 
 router = APIRouter()
-
-
-async def messages_client(request: Request, state: State) -> str | None:
-    return await api_client(request, state.messages)
 
 
 async def anthropic_client(request: Request) -> str | None:
@@ -29,10 +25,10 @@ async def anthropic_client(request: Request) -> str | None:
 # not something JSON Schema can state, so the route is fuzzed by its own tests instead
 # (tests/test_anthropic_route.py).
 @router.post("/v1/messages", response_model=None, include_in_schema=False)
-async def create_message(
-    request: Request, state: State, client: Annotated[str | None, Depends(messages_client)]
-) -> Response:
-    return await state.messages.handle(request, client)
+async def create_message(request: Request) -> Response:
+    # no FastAPI dependencies on the hot path: they cost more than the work they do
+    service = app_state(request).messages
+    return await service.handle(request, await api_client(request, service))
 
 
 @router.api_route(

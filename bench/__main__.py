@@ -63,7 +63,7 @@ def main() -> None:
             targets["inflight before"] = stack.enter_context(before)
             targets["inflight"] = stack.enter_context(proxy(upstream, env))
             print("## The hot path: inflight against a bare relay as conversations grow\n")
-            print(hot_path.added_latency(targets, n=args.n, before=args.before) + "\n")
+            print(hot_path.added_latency(targets, n=args.n, earlier=args.before) + "\n")
             print(hot_path.http_clients(upstream) + "\n")
         print(hot_path.own_work(args.before) + "\n")
         print(hot_path.plan_work() + "\n")

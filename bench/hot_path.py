@@ -90,9 +90,9 @@ def _time(client: httpx.Client, url: str, body: bytes, stream: bool) -> float:
         return first
 
 
-def added_latency(targets: dict[str, str], n: int = 200, before: str | None = None) -> str:
+def added_latency(targets: dict[str, str], n: int = 200, earlier: str | None = None) -> str:
     """Targets: "direct", "bare relay", "inflight" base URLs, and "inflight before" (an earlier
-    checkout at `before`, else this build with the replay cache off: `bench.variant`).
+    checkout at `earlier`, else this build with the replay cache off: `bench.variant`).
     Interleaved request by request."""
     cases = {
         "60 messages (~20k tokens)": (conversation(60, 75), 60, False),
@@ -121,7 +121,7 @@ def added_latency(targets: dict[str, str], n: int = 200, before: str | None = No
                 )
     return (
         f"Added latency on loopback, p50 of {n} requests per target, interleaved (the session "
-        f"adds a message each request); before: {_before(before)}:\n\n" + "\n".join(lines)
+        f"adds a message each request); before: {_before(earlier)}:\n\n" + "\n".join(lines)
     )
 
 

@@ -42,6 +42,7 @@ class Replay:
     changes: int = 0
     shares: list[float] = field(default_factory=list)
     states: dict[str, int] = field(default_factory=dict)
+    calls: int = 0  # summary calls the proxy made (`/stats`), in the background or waited for
 
 
 @contextmanager
@@ -118,12 +119,16 @@ def report() -> str:
     with ExitStack() as stack:
         upstream = stack.enter_context(summary_upstream())
         modes = {
-            "wait (before)": {**env, "INFLIGHT_SUMMARY_WAIT": "true"},
-            "background (after)": {**env, "INFLIGHT_SUMMARY_WAIT": "false"},
-            "background, SUMMARY_AHEAD=0.55": {
+            "wait": {**env, "INFLIGHT_SUMMARY_WAIT": "true"},
+            "background, one cut ahead from 0.65 (before)": {
                 **env,
                 "INFLIGHT_SUMMARY_WAIT": "false",
-                "INFLIGHT_SUMMARY_AHEAD": "0.55",
+                "INFLIGHT_SUMMARY_AHEAD": "0.65",
+                "INFLIGHT_SUMMARY_AHEAD_CUTS": "1",
+            },
+            "background, three cuts ahead from 0.55 (after, the defaults)": {
+                **env,
+                "INFLIGHT_SUMMARY_WAIT": "false",
             },
         }
         urls = {
@@ -132,18 +137,21 @@ def report() -> str:
         with ThreadPoolExecutor(len(urls)) as pool:
             futures = {name: pool.submit(_replay, url, traces) for name, url in urls.items()}
             results = {name: future.result() for name, future in futures.items()}
-    waited = results["wait (before)"].changes
+        for name, url in urls.items():
+            stats = httpx.get(url.removesuffix("/v1") + "/stats", timeout=10).json()
+            results[name].calls = stats["summaries"]["calls"]
+    waited = results["wait"].changes
     lines = [
         "| mode | requests | p50 | p99 | max | prompt changes | mean prefix reuse | "
-        "X-Compaction-Summary |",
-        "|---|---:|---:|---:|---:|---:|---:|---|",
+        "X-Compaction-Summary | summary calls |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
     for name, r in results.items():
         states = ", ".join(f"{k} {v}" for k, v in sorted(r.states.items()))
         lines.append(
             f"| {name} | {len(r.latencies)} | {_ms(r.latencies, 0.5)} | {_ms(r.latencies, 0.99)} "
             f"| {max(r.latencies) * 1000:,.0f} ms | {r.changes} "
-            f"| {statistics.mean(r.shares):.1%} | {states} |"
+            f"| {statistics.mean(r.shares):.1%} | {states} | {r.calls} |"
         )
     verdicts = []
     for name, r in list(results.items())[1:]:
@@ -158,7 +166,8 @@ def report() -> str:
         f"reserve, strategy `auto`), through a proxy process to a fake upstream that answers in "
         f"{ANSWER_SECONDS:g} s (a model answering) and summarises in {SUMMARY_SECONDS:g} s, "
         f"serving requests concurrently (`SUMMARY_WHEN_IDLE=false`, `SUMMARY_CONCURRENCY="
-        f"{len(traces)}`); both modes run side by side.\n\n"
+        f"{len(traces)}`); the three proxies run side by side. Summary calls: what each "
+        f"proxy asked the summariser in all (`/stats`).\n\n"
     )
     summary = "\n\nPrompt changes in the background — " + "; ".join(verdicts) + "."
     return legend + "\n".join(lines) + summary

@@ -63,19 +63,29 @@ class BackgroundSummaries:
         """Whether no more summaries may wait."""
         return len(self._tasks) >= self._max_tasks
 
-    def submit(self, job: SummaryJob, keys: list[tuple[int, str]], *, ahead: bool = False) -> bool:
+    def submit(
+        self,
+        job: SummaryJob,
+        keys: list[tuple[int, str]],
+        *,
+        ahead: bool = False,
+        keep: frozenset[str] = frozenset(),
+    ) -> bool:
         """Start making `job`'s summary (its boundary `keys`, the last one its own) unless it
         is being made already; `ahead`: of a span predicted for the next event. False when it
         was not taken (too many waiting).
 
         A waiting summary of a shorter span of the same conversation (a prefix of this one) is
         superseded: the conversation has moved on, and this one's rolling update covers it.
-        Not a span a request needs now for one predicted ahead, though."""
+        Not a span a request needs now for one predicted ahead, though, nor one of `keep`
+        (the other spans predicted with this one)."""
         key = keys[-1][1]
         if self.pending(key):
             return True
         for _, shorter in keys[:-1]:
             was_ahead = self._waiting.get(shorter)
+            if shorter in keep:
+                continue
             if was_ahead is not None and (was_ahead or not ahead):
                 del self._waiting[shorter]
                 self._tasks[shorter].cancel()
@@ -89,6 +99,13 @@ class BackgroundSummaries:
         self._tasks[key] = task
         task.add_done_callback(partial(self._done, key))
         return True
+
+    def submit_ahead(self, jobs: list[tuple[SummaryJob, list[tuple[int, str]]]]) -> None:
+        """Start the summaries of the spans predicted for a conversation's next event, the
+        likeliest first; none of them supersedes another (see `submit`)."""
+        keep = frozenset(keys[-1][1] for _, keys in jobs)
+        for job, keys in jobs:
+            self.submit(job, keys, ahead=True, keep=keep)
 
     async def _run(self, job: SummaryJob, keys: list[tuple[int, str]]) -> None:
         key = keys[-1][1]

@@ -3,7 +3,7 @@ transcripts replayed request by request through the planner alone (no timing, no
 spans each request past `SUMMARY_AHEAD` × budget starts summarising (`next_events`, up to
 `SUMMARY_AHEAD_CUTS` of them) set against the cut of the event that follows.
 `python -m bench.ahead` prints it per window, for the settings before issue 15's last change
-(0.65, one cut) and after (0.55, three cuts), or for `--ahead F --cuts N`.
+(0.65, one cut) and after (0.55, two cuts), or for `--ahead F --cuts N`.
 
 An event's summary is there in time when a request at least `--lead` requests before the event
 started it (the summaries benchmark answers in 1 s and summarises in 2 s: two requests); an
@@ -32,7 +32,7 @@ from tests.support import load_traces, request_points
 PIPELINE: tuple[StrategyName, ...] = ("truncate", "prune", "summarize")
 RESERVE = 1024
 WINDOWS = (8192, 16384, 32768)
-SETTINGS = ((0.65, 1), (0.55, 3))  # (SUMMARY_AHEAD, SUMMARY_AHEAD_CUTS): before, after
+SETTINGS = ((0.65, 1), (0.55, 2))  # (SUMMARY_AHEAD, SUMMARY_AHEAD_CUTS): before, after
 
 
 @dataclass
@@ -70,6 +70,28 @@ def replay(
                     started[nxt.cut] = i
                     out.started += 1
         previous = now
+
+
+def reachable(window: int, lead: int = 2) -> tuple[int, int]:
+    """(events, events whose cut span the client had all sent `lead` requests before the
+    event): no summary of the others can start earlier than `lead` − 1 requests ahead."""
+    counter = ChatTokenCounter(load_encodings())
+    count = partial(counter.count_message, "bench")
+    fixed = counter.count_fixed("bench", {"model": "bench", "max_tokens": RESERVE})
+    budget = Budget(window=window, reserve=RESERVE, threshold=0.8, target=0.5)
+    reserved = summary_budget(budget.goal)
+    events = sent_before = 0
+    for _, messages in load_traces():
+        units: list[int] = []  # units of each request's history
+        previous: Plan | None = None
+        for i, k in enumerate(request_points(messages)):
+            now = plan(messages[:k], PIPELINE, budget, count, fixed, reserved)
+            units.append(len(now.units))
+            if previous is not None and now.summarize and now.cut > previous.cut:
+                events += 1
+                sent_before += i >= lead and now.cut <= units[i - lead]
+            previous = now
+    return events, sent_before
 
 
 def report(settings: Sequence[tuple[float, int]] = SETTINGS, lead: int = 2) -> str:

@@ -94,18 +94,18 @@ async def test_predicted_spans_do_not_supersede_each_other() -> None:
     await background.aclose()
 
 
-@pytest.mark.parametrize(("cuts", "state"), [(1, "pending"), (3, "cached")])
+@pytest.mark.parametrize(("cuts", "state"), [(1, "pending"), (2, "cached")])
 async def test_an_event_past_the_likeliest_cut_finds_its_summary_made(
     open_app: Callable[..., Any],  # noqa: F811
     fake: FakeUpstream,
     cuts: int,
     state: str,
 ) -> None:
-    """The turn that crosses the threshold is three times the others: it cuts further than a
+    """The turn that crosses the threshold is bigger than the others: it cuts further than a
     turn like the last one would. Summarised ahead at one cut, the event misses its summary
-    (`pending`: one more prompt change when it lands); at three, one of them is its span."""
+    (`pending`: one more prompt change when it lands); at two, the second is its span."""
     app, client = await open_app(summary_ahead=0.65, summary_ahead_cuts=cuts)
-    messages = bigger_turn(40, 12, 900)
+    messages = bigger_turn(40, 12, 500)
     for k in request_points(messages):
         response = await send(client, messages[:k])
         await until(lambda: idle(app))  # time between requests: the summaries are made

@@ -68,7 +68,8 @@ def test_the_next_events_cut_in_different_places_likeliest_first() -> None:
             cuts = [p.cut for p in found]
             assert len(set(cuts)) == len(cuts)
             for p in found:
-                assert now.cut < p.cut and p.summarize
+                assert now.cut < p.cut
+                assert p.summarize
                 assert p.units[p.cut - 1].end <= len(history)
             seen += len(found) > 1
     assert seen > 50  # most predictions give more than one place

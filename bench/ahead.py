@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from app.compaction.planner import Plan, plan
+from app.compaction.planner import MessageCounter, Plan, plan
 from app.compaction.policy import Budget, StrategyName
 from app.compaction.summary.ahead import next_events
 from app.compaction.summary.rolling import summary_budget
@@ -46,6 +46,17 @@ class Covered:
         return sum(1 for n in self.leads if n >= lead)
 
 
+def _replan(
+    messages: Sequence[Mapping[str, Any]],
+    count: MessageCounter,
+    *,
+    budget: Budget,
+    fixed: int,
+    reserved: int,
+) -> Plan:
+    return plan(messages, PIPELINE, budget, count, fixed, reserved)
+
+
 def replay(
     messages: Sequence[Mapping[str, Any]], window: int, ahead: float, cuts: int, out: Covered
 ) -> None:
@@ -65,7 +76,8 @@ def replay(
             out.leads.append(0 if first is None else i - first)
             started = {cut: j for cut, j in started.items() if cut > now.cut}
         if now.tokens_after >= ahead * budget.budget:
-            for nxt in next_events(history, now, PIPELINE, budget, count, fixed, reserved, cuts):
+            replan = partial(_replan, budget=budget, fixed=fixed, reserved=reserved)
+            for nxt in next_events(history, now, replan, budget.trigger, count, cuts):
                 if nxt.cut not in started:
                     started[nxt.cut] = i
                     out.started += 1

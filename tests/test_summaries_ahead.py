@@ -5,14 +5,14 @@ each other; the work stays bounded per conversation."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
 import anyio
 import pytest
 
-from app.compaction.planner import plan
+from app.compaction.planner import MessageCounter, Plan, plan
 from app.compaction.policy import Budget, StrategyName
 from app.compaction.summary.ahead import next_event, next_events
 from app.compaction.summary.background import BackgroundSummaries
@@ -50,9 +50,13 @@ def bigger_turn(rounds: int, at: int, size: int) -> list[dict[str, Any]]:
 
 def test_the_next_events_cut_in_different_places_likeliest_first() -> None:
     """On every request of the real transcripts past the ahead threshold: up to `cuts` plans,
-    the first the single prediction when it has one, each cutting past the current cut and only what the
-    client has sent, no two at the same cut."""
+    the first the single prediction when it has one, each cutting past the current cut and
+    only what the client has sent, no two at the same cut."""
     reserved = summary_budget(BUDGET.goal)
+
+    def replan(messages: Sequence[Mapping[str, Any]], count: MessageCounter) -> Plan:
+        return plan(messages, PIPELINE, BUDGET, count, 10, reserved)
+
     seen = 0
     for _, messages in load_traces():
         for k in request_points(messages):
@@ -60,8 +64,8 @@ def test_the_next_events_cut_in_different_places_likeliest_first() -> None:
             now = plan(history, PIPELINE, BUDGET, COUNT, 10, reserved)
             if now.tokens_after < 0.55 * BUDGET.budget:
                 continue
-            found = next_events(history, now, PIPELINE, BUDGET, COUNT, 10, reserved, 3)
-            one = next_event(history, now, PIPELINE, BUDGET, COUNT, 10, reserved)
+            found = next_events(history, now, replan, BUDGET.trigger, COUNT, 3)
+            one = next_event(history, now, replan, BUDGET.trigger, COUNT)
             assert len(found) <= 3
             if one is not None:
                 assert found[0].cut == one.cut
@@ -72,7 +76,7 @@ def test_the_next_events_cut_in_different_places_likeliest_first() -> None:
                 assert p.summarize
                 assert p.units[p.cut - 1].end <= len(history)
             seen += len(found) > 1
-    assert seen > 50  # most predictions give more than one place
+    assert seen > 50  # many predictions give more than one place
 
 
 async def test_predicted_spans_do_not_supersede_each_other() -> None:

@@ -1,10 +1,12 @@
 """Summaries ahead of the next compaction event (DESIGN.md §12): the few spans the event is
 likeliest to cut (`SUMMARY_AHEAD_CUTS`), not just one, so that an event whose turn goes further
 past the threshold than the last one finds its summary made; predicted spans never supersede
-each other; the work stays bounded per conversation."""
+each other; the work stays bounded per conversation; a summary starts on an upstream that
+has stayed idle a moment."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
@@ -15,7 +17,7 @@ import pytest
 from app.compaction.planner import MessageCounter, Plan, plan
 from app.compaction.policy import Budget, StrategyName
 from app.compaction.summary.ahead import next_event, next_events
-from app.compaction.summary.background import BackgroundSummaries
+from app.compaction.summary.background import IDLE_POLL, IDLE_SETTLE, BackgroundSummaries
 from app.compaction.summary.rolling import summary_budget
 from app.tokens.counter import ChatTokenCounter
 from app.tokens.encodings import load_encodings
@@ -144,3 +146,30 @@ async def test_summaries_ahead_stay_bounded_per_conversation(
         counts = background_of(app).counts
         most = max(most, counts.queued + counts.running)
     assert 2 < most <= 4  # more than one prediction's worth, never more than the bound
+
+
+async def test_a_summary_waits_for_its_upstream_to_stay_idle_a_moment() -> None:
+    """An upstream goes idle as its answer leaves it, before the client has it; the client's
+    next request may follow at once. A summary starts only once the upstream has stayed idle
+    for `IDLE_SETTLE`: an idle gap shorter than that starts nothing."""
+    busy = {"now": True}
+    calls: list[float] = []
+
+    async def complete(body: dict[str, Any]) -> tuple[int, bytes]:
+        calls.append(time.monotonic())
+        raise AssertionError("stop here: only when it starts matters")
+
+    background = BackgroundSummaries(summaries(), idle=lambda _: not busy["now"], idle_wait=30)
+    job = summary_job(agent_log(40), complete)
+    background.submit(job, summaries().keys(job))
+    for _ in range(5):  # idle gaps shorter than the settle time
+        busy["now"] = False
+        await anyio.sleep(IDLE_SETTLE / 4)
+        busy["now"] = True
+        await anyio.sleep(IDLE_POLL * 2)
+    assert calls == []
+    busy["now"] = False
+    quiet = time.monotonic()
+    await until(lambda: bool(calls))
+    assert calls[0] - quiet >= IDLE_SETTLE
+    await background.aclose()

@@ -26,6 +26,7 @@ from app.usage.summary_stats import CountedCompleter, SummaryStats
 logger = logging.getLogger(__name__)
 
 IDLE_POLL = 0.05  # seconds between looks at a busy upstream
+IDLE_SETTLE = 0.1  # seconds an upstream stays idle before a summary starts on it
 
 
 class BackgroundSummaries:
@@ -139,15 +140,25 @@ class BackgroundSummaries:
             logger.error("background summary task failed", exc_info=task.exception())
 
     async def _until_idle(self, upstream: str) -> bool:
-        """Wait (bounded) until `upstream` has no client request in flight."""
+        """Wait (bounded) until `upstream` has had no client request in flight for a moment
+        (`IDLE_SETTLE`): an upstream goes idle as its answer leaves it, while the answer is
+        still on its way to the client, whose next request (an agent's tool round) may follow
+        at once; a summary started in that gap would queue in front of it."""
         if self._idle is None:
             return True
         deadline = time.monotonic() + self._idle_wait
-        while not self._idle(upstream):
-            if time.monotonic() >= deadline:
+        quiet_since: float | None = None
+        while True:
+            now = time.monotonic()
+            if not self._idle(upstream):
+                quiet_since = None
+            elif quiet_since is None:
+                quiet_since = now
+            elif now - quiet_since >= IDLE_SETTLE:
+                return True
+            if now >= deadline:
                 return False
             await asyncio.sleep(IDLE_POLL)
-        return True
 
     async def _make(self, job: SummaryJob, keys: list[tuple[int, str]]) -> None:
         """One summary, every ending accounted for: made, made elsewhere, failed (counted and

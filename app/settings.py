@@ -92,7 +92,8 @@ class Settings(BaseSettings):
     allow_unauthenticated: bool = False
     summary_timeout: float = Field(120.0, gt=0)
     # Summaries in the background (DESIGN.md §12).
-    summary_ahead: float = Field(0.65, gt=0, le=1)  # start summarising at this share of budget
+    summary_ahead: float = Field(0.55, gt=0, le=1)  # start summarising at this share of budget
+    summary_ahead_cuts: int = Field(2, ge=1, le=8)  # spans the next event may cut, summarised
     summary_wait: bool = False  # true: a compaction event waits for its summary (the old way)
     summary_concurrency: int = Field(1, ge=1)  # background summaries in flight, per process
     summary_upstream_url: str | None = None  # summaries go here instead of the request's upstream

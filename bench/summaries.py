@@ -24,14 +24,16 @@ import httpx
 
 from app.tokens.counter import ChatTokenCounter
 from app.tokens.encodings import load_encodings
+from bench.ahead import reachable
 from bench.procs import process, proxy_process
 from tests.conversations import common_prefix
 from tests.support import free_port, load_traces, request_points
 
 SUMMARY_SECONDS = 2.0
 ANSWER_SECONDS = 1.0
-WINDOW = 8192
+WINDOWS = (8192, 16384)  # the first is the issue's figure; the second, room for the turns
 MAX_TOKENS = 1024
+LEAD = 2  # requests a summary takes: SUMMARY_SECONDS / ANSWER_SECONDS
 
 
 @dataclass
@@ -42,6 +44,7 @@ class Replay:
     changes: int = 0
     shares: list[float] = field(default_factory=list)
     states: dict[str, int] = field(default_factory=dict)
+    calls: int = 0  # summary calls the proxy made (`/stats`), in the background or waited for
 
 
 @contextmanager
@@ -55,7 +58,7 @@ def summary_upstream() -> Any:
         yield f"http://127.0.0.1:{port}/v1"
 
 
-def _conversation(base_url: str, messages: list[dict[str, Any]]) -> Replay:
+def _conversation(base_url: str, messages: list[dict[str, Any]], window: int) -> Replay:
     """One transcript, request by request, as its client would send them."""
     counter = ChatTokenCounter(load_encodings())
 
@@ -71,7 +74,7 @@ def _conversation(base_url: str, messages: list[dict[str, Any]]) -> Replay:
             response = client.post(
                 base_url + "/chat/completions",
                 json=body,
-                headers={"X-Compaction-Context-Limit": str(WINDOW)},
+                headers={"X-Compaction-Context-Limit": str(window)},
             )
             out.latencies.append(time.perf_counter() - started)
             response.raise_for_status()
@@ -87,10 +90,12 @@ def _conversation(base_url: str, messages: list[dict[str, Any]]) -> Replay:
     return out
 
 
-def _replay(base_url: str, traces: Sequence[tuple[str, list[dict[str, Any]]]]) -> Replay:
+def _replay(
+    base_url: str, traces: Sequence[tuple[str, list[dict[str, Any]]]], window: int
+) -> Replay:
     """Every transcript at once, each its own client (as concurrent agent sessions)."""
     with ThreadPoolExecutor(len(traces)) as pool:
-        parts = list(pool.map(lambda trace: _conversation(base_url, trace[1]), traces))
+        parts = list(pool.map(lambda trace: _conversation(base_url, trace[1], window), traces))
     out = Replay()
     for part in parts:
         out.latencies += part.latencies
@@ -106,8 +111,21 @@ def _ms(values: Sequence[float], q: float) -> str:
     return f"{ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000:,.0f} ms"
 
 
-def report() -> str:
-    traces = load_traces()
+MODES = {
+    "wait": {"INFLIGHT_SUMMARY_WAIT": "true"},
+    "background, one cut ahead from 0.65 (before)": {
+        "INFLIGHT_SUMMARY_WAIT": "false",
+        "INFLIGHT_SUMMARY_AHEAD": "0.65",
+        "INFLIGHT_SUMMARY_AHEAD_CUTS": "1",
+    },
+    "background, two cuts ahead from 0.55 (after: the defaults)": {
+        "INFLIGHT_SUMMARY_WAIT": "false",
+    },
+}
+
+
+def _window(window: int, traces: Sequence[tuple[str, list[dict[str, Any]]]]) -> str:
+    """Every mode side by side at one window: the table and the verdicts."""
     env = {
         "INFLIGHT_DATABASE_URL": "none",
         "INFLIGHT_SUMMARY_TIMEOUT": "60",
@@ -117,33 +135,31 @@ def report() -> str:
     }
     with ExitStack() as stack:
         upstream = stack.enter_context(summary_upstream())
-        modes = {
-            "wait (before)": {**env, "INFLIGHT_SUMMARY_WAIT": "true"},
-            "background (after)": {**env, "INFLIGHT_SUMMARY_WAIT": "false"},
-            "background, SUMMARY_AHEAD=0.55": {
-                **env,
-                "INFLIGHT_SUMMARY_WAIT": "false",
-                "INFLIGHT_SUMMARY_AHEAD": "0.55",
-            },
-        }
         urls = {
-            name: stack.enter_context(proxy_process(upstream, e))[0] for name, e in modes.items()
+            name: stack.enter_context(proxy_process(upstream, {**env, **extra}))[0]
+            for name, extra in MODES.items()
         }
         with ThreadPoolExecutor(len(urls)) as pool:
-            futures = {name: pool.submit(_replay, url, traces) for name, url in urls.items()}
+            futures = {
+                name: pool.submit(_replay, url, traces, window) for name, url in urls.items()
+            }
             results = {name: future.result() for name, future in futures.items()}
-    waited = results["wait (before)"].changes
+        for name, url in urls.items():
+            stats = httpx.get(url.removesuffix("/v1") + "/stats", timeout=10).json()
+            results[name].calls = stats["summaries"]["calls"]
+    waited = results["wait"].changes
     lines = [
+        f"**{window:,}-token window**\n",
         "| mode | requests | p50 | p99 | max | prompt changes | mean prefix reuse | "
-        "X-Compaction-Summary |",
-        "|---|---:|---:|---:|---:|---:|---:|---|",
+        "X-Compaction-Summary | summary calls |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
     for name, r in results.items():
         states = ", ".join(f"{k} {v}" for k, v in sorted(r.states.items()))
         lines.append(
             f"| {name} | {len(r.latencies)} | {_ms(r.latencies, 0.5)} | {_ms(r.latencies, 0.99)} "
             f"| {max(r.latencies) * 1000:,.0f} ms | {r.changes} "
-            f"| {statistics.mean(r.shares):.1%} | {states} |"
+            f"| {statistics.mean(r.shares):.1%} | {states} | {r.calls} |"
         )
     verdicts = []
     for name, r in list(results.items())[1:]:
@@ -152,13 +168,28 @@ def report() -> str:
         verdicts.append(
             f"{name}: {r.changes} against {waited} waiting, {ratio:.2f}× — {within} 1.5×"
         )
+    events, sent = reachable(window, LEAD)
+    best = 2 * events - sent
+    bound = (
+        f"At best (offline, `bench/ahead.py`): {sent} of the {events} events cut only what the "
+        f"client had sent {LEAD} requests before (the others need a summary of a turn sent one "
+        f"request before the event, which a {SUMMARY_SECONDS:g} s summary cannot finish in a "
+        f"{ANSWER_SECONDS:g} s answer), so no summary made ahead gets below {best} prompt "
+        f"changes, {best / max(1, events):.2f}× the events."
+    )
+    summary = "Prompt changes in the background — " + "; ".join(verdicts) + "."
+    return "\n".join(lines) + "\n\n" + summary + " " + bound
+
+
+def report() -> str:
+    traces = load_traces()
     legend = (
         f"The {len(traces)} transcripts in `tests/data/traces` replayed at once, each request by "
-        f"request as its own session, at a {WINDOW:,}-token window ({MAX_TOKENS}-token output "
-        f"reserve, strategy `auto`), through a proxy process to a fake upstream that answers in "
-        f"{ANSWER_SECONDS:g} s (a model answering) and summarises in {SUMMARY_SECONDS:g} s, "
-        f"serving requests concurrently (`SUMMARY_WHEN_IDLE=false`, `SUMMARY_CONCURRENCY="
-        f"{len(traces)}`); both modes run side by side.\n\n"
+        f"request as its own session, at a {WINDOWS[0]:,}-token window, then at {WINDOWS[1]:,} "
+        f"({MAX_TOKENS}-token output reserve, strategy `auto`), through a proxy process to a "
+        f"fake upstream that answers in {ANSWER_SECONDS:g} s (a model answering) and summarises "
+        f"in {SUMMARY_SECONDS:g} s, serving requests concurrently (`SUMMARY_WHEN_IDLE=false`, "
+        f"`SUMMARY_CONCURRENCY={len(traces)}`); the three proxies run side by side. Summary "
+        f"calls: what each proxy asked the summariser in all (`/stats`).\n\n"
     )
-    summary = "\n\nPrompt changes in the background — " + "; ".join(verdicts) + "."
-    return legend + "\n".join(lines) + summary
+    return legend + "\n\n".join(_window(window, traces) for window in WINDOWS)

@@ -27,7 +27,7 @@ from app.compaction.engine import SUMMARY_PREFIX
 from app.compaction.planner import plan
 from app.compaction.policy import Budget
 from app.compaction.service import CompactionService
-from app.compaction.summary.background import BackgroundSummaries
+from app.compaction.summary.background import IDLE_SETTLE, BackgroundSummaries
 from app.compaction.summary.cache import MemoryCache, SummaryFlight
 from app.compaction.summary.prompt import SummaryPrompt
 from app.compaction.summary.rolling import Summaries, SummaryJob
@@ -425,6 +425,7 @@ async def test_two_replicas_sharing_redis_make_each_summary_once(
     points = request_points(MESSAGES)
     for n, k in enumerate(points):
         await send(replicas[n % 2][1], MESSAGES[:k])
+        await anyio.sleep(2 * IDLE_SETTLE)  # a moment between requests: summaries may start
     for app, _ in replicas:
         await until(lambda app=app: idle(app), limit=60)
     last = []

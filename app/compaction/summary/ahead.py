@@ -1,10 +1,12 @@
-"""Which span the next compaction event will cut, predicted before it happens (pure).
+"""Which spans the next compaction event will cut, predicted before it happens (pure).
 
 Plans are a pure function of the history, so the next event's cut can be computed before the
-event: it is the cut of the conversation grown by the smallest turn that crosses the threshold.
-The real event comes with a real turn, usually bigger, so it cuts at least as far (often
-exactly as far); a summary of the predicted span, made in the background, is then the summary
-the event needs, or the prefix of it that a rolling update extends.
+event: it is the cut of the conversation grown by turns like the last one until one crosses
+the threshold. The real event comes with a real turn, often bigger, so it may cut further, by
+whole units: `next_events` also plans the turn going further past the threshold, and gives the
+few distinct cuts this makes. Summaries of these spans, made in the background, are the summary
+the event needs, or the prefix of it that a rolling update extends. `bench/ahead.py` measures
+how often, offline.
 """
 
 from __future__ import annotations
@@ -53,9 +55,11 @@ def next_event(
     replan: Replan,
     trigger: int,
     count: MessageCounter,
+    over: int = 0,
 ) -> Plan | None:
     """The plan of `messages` grown by turns like the last one until one triggers a compaction
     event (`current` is the plan of `messages`), when that event moves the cut; else None.
+    `over`: tokens the turn that crosses the threshold adds on top (a bigger turn than the last).
 
     A session's turns tend to be alike, and the event's cut depends on how far past the
     threshold the turn that triggers it goes: so the prediction is the same at each request
@@ -76,10 +80,42 @@ def next_event(
         grown += turn
     if turns * last_turn < need:  # the turns would stop short: the last one goes over
         costs[id(grown[-1])] += need - turns * last_turn
+    costs[id(grown[-1])] += over
 
     def cost(message: Mapping[str, Any]) -> int:
         found = costs.get(id(message))
         return count(message) if found is None else found
 
     nxt = replan([*messages, *grown], cost)
-    return nxt if nxt.cut > current.cut and nxt.summarize else None
+    if nxt.cut <= current.cut or not nxt.summarize or nxt.units[nxt.cut - 1].end > len(messages):
+        return None  # no event, or one that would cut what the client has not sent yet
+    return nxt
+
+
+def next_events(
+    messages: Sequence[Mapping[str, Any]],
+    current: Plan,
+    replan: Replan,
+    trigger: int,
+    count: MessageCounter,
+    cuts: int,
+) -> list[Plan]:
+    """Up to `cuts` plans of the next event, each cutting elsewhere, the likeliest first: the
+    turn that crosses the threshold going past it by 0, ½, 1 or 2 times the last turn (`over`).
+
+    The cut of the next event depends on how far past the threshold the turn that triggers it
+    goes, which the history does not tell; a bigger turn cuts further, by whole units.
+    Summarising the few cuts a plausible overshoot gives covers more events than one
+    (bench/ahead.py). Each is a pure function of the history, so every replica predicts the
+    same spans (single-flight keeps one summary each)."""
+    shape = next_turn(messages)
+    start = max(0, len(messages) - len(shape))
+    last_turn = max(len(shape), sum(count(m) for m in messages[start:]))
+    found: list[Plan] = []
+    for over in (0, last_turn // 2, last_turn, 2 * last_turn):
+        nxt = next_event(messages, current, replan, trigger, count, over)
+        if nxt is not None and all(nxt.cut != other.cut for other in found):
+            found.append(nxt)
+        if len(found) >= cuts:
+            break
+    return found

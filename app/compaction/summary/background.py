@@ -26,6 +26,7 @@ from app.usage.summary_stats import CountedCompleter, SummaryStats
 logger = logging.getLogger(__name__)
 
 IDLE_POLL = 0.05  # seconds between looks at a busy upstream
+IDLE_SETTLE = 0.1  # seconds an upstream stays idle before a summary starts on it
 
 
 class BackgroundSummaries:
@@ -63,19 +64,29 @@ class BackgroundSummaries:
         """Whether no more summaries may wait."""
         return len(self._tasks) >= self._max_tasks
 
-    def submit(self, job: SummaryJob, keys: list[tuple[int, str]], *, ahead: bool = False) -> bool:
+    def submit(
+        self,
+        job: SummaryJob,
+        keys: list[tuple[int, str]],
+        *,
+        ahead: bool = False,
+        keep: frozenset[str] = frozenset(),
+    ) -> bool:
         """Start making `job`'s summary (its boundary `keys`, the last one its own) unless it
         is being made already; `ahead`: of a span predicted for the next event. False when it
         was not taken (too many waiting).
 
         A waiting summary of a shorter span of the same conversation (a prefix of this one) is
         superseded: the conversation has moved on, and this one's rolling update covers it.
-        Not a span a request needs now for one predicted ahead, though."""
+        Not a span a request needs now for one predicted ahead, though, nor one of `keep`
+        (the other spans predicted with this one)."""
         key = keys[-1][1]
         if self.pending(key):
             return True
         for _, shorter in keys[:-1]:
             was_ahead = self._waiting.get(shorter)
+            if shorter in keep:
+                continue
             if was_ahead is not None and (was_ahead or not ahead):
                 del self._waiting[shorter]
                 self._tasks[shorter].cancel()
@@ -89,6 +100,13 @@ class BackgroundSummaries:
         self._tasks[key] = task
         task.add_done_callback(partial(self._done, key))
         return True
+
+    def submit_ahead(self, jobs: list[tuple[SummaryJob, list[tuple[int, str]]]]) -> None:
+        """Start the summaries of the spans predicted for a conversation's next event, the
+        likeliest first; none of them supersedes another (see `submit`)."""
+        keep = frozenset(keys[-1][1] for _, keys in jobs)
+        for job, keys in jobs:
+            self.submit(job, keys, ahead=True, keep=keep)
 
     async def _run(self, job: SummaryJob, keys: list[tuple[int, str]]) -> None:
         key = keys[-1][1]
@@ -122,15 +140,25 @@ class BackgroundSummaries:
             logger.error("background summary task failed", exc_info=task.exception())
 
     async def _until_idle(self, upstream: str) -> bool:
-        """Wait (bounded) until `upstream` has no client request in flight."""
+        """Wait (bounded) until `upstream` has had no client request in flight for a moment
+        (`IDLE_SETTLE`): an upstream goes idle as its answer leaves it, while the answer is
+        still on its way to the client, whose next request (an agent's tool round) may follow
+        at once; a summary started in that gap would queue in front of it."""
         if self._idle is None:
             return True
         deadline = time.monotonic() + self._idle_wait
-        while not self._idle(upstream):
-            if time.monotonic() >= deadline:
+        quiet_since: float | None = None
+        while True:
+            now = time.monotonic()
+            if not self._idle(upstream):
+                quiet_since = None
+            elif quiet_since is None:
+                quiet_since = now
+            elif now - quiet_since >= IDLE_SETTLE:
+                return True
+            if now >= deadline:
                 return False
             await asyncio.sleep(IDLE_POLL)
-        return True
 
     async def _make(self, job: SummaryJob, keys: list[tuple[int, str]]) -> None:
         """One summary, every ending accounted for: made, made elsewhere, failed (counted and

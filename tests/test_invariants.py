@@ -400,3 +400,33 @@ def test_sources_name_the_input_message_of_every_output_message(
             assert out["content"].endswith(summary)
         else:
             assert out is messages[source] or out.get("role") == messages[source].get("role")
+
+
+@pytest.mark.parametrize("pipeline", [("middle-out",), ("trim",)])
+def test_a_compacted_request_over_budget_is_left_as_it_is(
+    pipeline: tuple[StrategyName, ...],
+) -> None:
+    """Restore on, pinned instructions and a last unit too big for the window: the first pass
+    drops what it can and a marker stands for it; compacted again, the only unit left to drop is that marker, and
+    dropping it for a new marker gains nothing — so nothing changes (invariant 5). Found by
+    the property test above: the second pass swapped the marker for "removed 1 earlier
+    messages"."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Fix the bug."}]
+    for i in range(4):
+        call = {"id": f"c{i}", "type": "function", "function": {"name": "bash", "arguments": "{}"}}
+        messages += [
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": f"c{i}", "content": "ok " * 40},
+        ]
+    messages += [{"role": "system", "content": "From now on: be brief."}] * 2  # pinned
+    messages += [
+        {"role": "assistant", "content": None},
+        {"role": "function", "name": "f", "content": "y" * 10_000},
+    ]
+    budget = Budget(window=2048, reserve=256, threshold=0.8, target=0.5)
+    first = compact(messages, pipeline, budget, simple_count, 0, restore=True)
+    assert first.over_budget
+    assert first.applied == pipeline
+    again = compact(first.messages, pipeline, budget, simple_count, 0, restore=True)
+    assert again.applied == ()
+    assert again.messages == first.messages

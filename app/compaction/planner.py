@@ -305,12 +305,29 @@ class _Replay:
                 self._truncate(k)
             elif strategy == "prune":
                 self._prune(k)
-            elif strategy == "middle-out":
-                self._middle_out(k)
             else:
-                self._trim(k)
+                self._dropping(k, strategy)
         if self.summarizing and (self.cut, len(self.dropped)) != before:
             self.summary_role = self._summary_role(k)
+
+    def _dropping(self, k: int, strategy: StrategyName) -> None:
+        """`middle-out`, or `trim` for any other strategy. With a stand-in (a summary or
+        restore's marker), a drop that gains nothing — what it removes costs no more than the
+        stand-in that then takes its place, as when a compacted request is compacted again and
+        the only unit left to drop is the stand-in itself — is undone (invariant 5)."""
+        if not self.summarizing:
+            self._middle_out(k) if strategy == "middle-out" else self._trim(k)
+            return
+        total, cut, dropped, events = self.total(k), self.cut, set(self.dropped), len(self.events)
+        middle = None if self.middle is None else self.middle.resized(len(self.shape.units))
+        self._middle_out(k) if strategy == "middle-out" else self._trim(k)
+        if self.total(k) < total:
+            return
+        touched = set(range(cut, self.cut)) | (self.dropped - dropped)
+        self.cut, self.dropped, self.middle = cut, dropped, middle
+        del self.events[events:]
+        for i in sorted(touched):
+            self.refresh(i)
 
     def _summary_role(self, k: int) -> SummaryRole:
         """Where the summary goes, decided when the kept units change: it must not meet a

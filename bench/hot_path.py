@@ -37,10 +37,10 @@ from app.tokens.counter import ChatTokenCounter, count_within
 from app.tokens.encodings import EncodingSet, load_encodings
 from app.tokens.heuristic import heuristic_tokens, heuristic_tokens_by_regex
 from bench.overhead import _bare_relay
+from bench.own_work import HEADERS
 from tests.support import load_traces
 
 Messages = list[dict[str, Any]]
-HEADERS = {"authorization": "Bearer sk-bench-key", "content-type": "application/json"}
 
 
 def conversation(size: int, words: int) -> Messages:

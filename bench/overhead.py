@@ -21,31 +21,14 @@ from starlette.responses import Response
 
 from app.factory import create_app
 from app.settings import Settings
+from bench.own_work import upstream
 
-ANSWER = orjson.dumps(
-    {
-        "id": "bench",
-        "object": "chat.completion",
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}],
-        "usage": {"prompt_tokens": 60, "completion_tokens": 2, "total_tokens": 62},
-    }
-)
 BODY = orjson.dumps({"model": "bench", "messages": [{"role": "user", "content": "hello " * 50}]})
-
-
-def _upstream(request: httpx.Request) -> httpx.Response:
-    if request.url.path.endswith("/models"):
-        return httpx.Response(200, json={"data": [{"id": "bench", "max_model_len": 8192}]})
-    # a plausible prompt count (see bench/upstream.py's `usage`)
-    prompt = len(request.content) // 4
-    usage = {"prompt_tokens": prompt, "completion_tokens": 2, "total_tokens": prompt + 2}
-    content = orjson.dumps({**orjson.loads(ANSWER), "usage": usage})
-    return httpx.Response(200, content=content, headers={"content-type": "application/json"})
 
 
 def _bare_relay() -> FastAPI:
     app = FastAPI()
-    client = httpx.AsyncClient(transport=httpx.MockTransport(_upstream))
+    client = httpx.AsyncClient(transport=httpx.MockTransport(upstream))
 
     @app.post("/v1/chat/completions")
     async def relay(request: Request) -> Response:
@@ -73,7 +56,7 @@ async def _inflight_ms(database_url: str, n: int, rounds: int) -> float:
     settings = Settings(  # type: ignore[call-arg]
         _env_file=None, upstream_url="http://up/v1", database_url=database_url
     )
-    app = create_app(settings, transport=httpx.MockTransport(_upstream))
+    app = create_app(settings, transport=httpx.MockTransport(upstream))
     async with app.router.lifespan_context(app):
         return await _per_request_ms(app, n, rounds)
 

@@ -29,9 +29,11 @@ HEADERS = {"authorization": "Bearer sk-bench-key", "content-type": "application/
 WARM = 3
 
 
-def _upstream(request: httpx.Request) -> httpx.Response:
+def upstream(request: httpx.Request) -> httpx.Response:
+    """An in-memory upstream (also `bench.overhead`'s): a tiny JSON answer whose usage states
+    a plausible prompt count — a fixed small one would read as a silently truncated prompt."""
     if request.url.path.endswith("/models"):
-        return httpx.Response(200, json={"data": []})
+        return httpx.Response(200, json={"data": [{"id": "bench", "max_model_len": 8192}]})
     prompt = len(request.content) // 4
     answer = {
         "id": "bench",
@@ -39,14 +41,15 @@ def _upstream(request: httpx.Request) -> httpx.Response:
         "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}],
         "usage": {"prompt_tokens": prompt, "completion_tokens": 2, "total_tokens": prompt + 2},
     }
-    return httpx.Response(200, content=orjson.dumps(answer))
+    headers = {"content-type": "application/json"}
+    return httpx.Response(200, content=orjson.dumps(answer), headers=headers)
 
 
 async def _session(window: int, bodies: list[bytes]) -> float:
     settings = Settings(  # type: ignore[call-arg]
         _env_file=None, upstream_url="http://up/v1", database_url="none", context_limit=window
     )
-    app = create_app(settings, transport=httpx.MockTransport(_upstream))
+    app = create_app(settings, transport=httpx.MockTransport(upstream))
     samples = []
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)

@@ -226,3 +226,17 @@ def summary_in(messages: Sequence[Mapping[str, Any]]) -> str | None:
     """The summary in forwarded messages: a message of its own right after the head, or
     folded into the head's user message."""
     return next((text for m in messages if (text := summary_text(m)) is not None), None)
+
+
+def agent_session(rounds: int, words: int = 200) -> list[dict[str, Any]]:
+    """A fixed agent session: a system and a user message, then `rounds` tool rounds whose
+    outputs are `words` words long."""
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are an agent."},
+        {"role": "user", "content": "Fix the bug."},
+    ]
+    for i in range(rounds):
+        call = {"id": f"c{i}", "type": "function", "function": {"name": "bash", "arguments": "{}"}}
+        messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        messages.append({"role": "tool", "tool_call_id": f"c{i}", "content": f"out {i} " * words})
+    return messages

@@ -20,7 +20,7 @@ from app.compaction.summary.rolling import summary_budget
 from app.compaction.units import UnitRoles
 from app.tokens.counter import ChatTokenCounter, count_within
 from app.tokens.encodings import load_encodings
-from tests.conversations import conversations, simple_count
+from tests.conversations import agent_session, conversations, simple_count
 
 # Hypothesis warns when it prints a falsifying example whose repr is huge (these conversations
 # carry tool outputs of tens of kB). The warnings-as-errors filter turns that warning into an
@@ -145,25 +145,13 @@ def test_roles_of_a_prefix_extended_are_the_roles_of_the_whole(
         assert extended == whole or whole.units[k - 1] != prefix.units[k - 1]
 
 
-def _agent(rounds: int) -> list[dict[str, Any]]:
-    messages: list[dict[str, Any]] = [
-        {"role": "system", "content": "You are an agent."},
-        {"role": "user", "content": "Fix the bug."},
-    ]
-    for i in range(rounds):
-        call = {"id": f"c{i}", "type": "function", "function": {"name": "bash", "arguments": "{}"}}
-        messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        messages.append({"role": "tool", "tool_call_id": f"c{i}", "content": f"out {i} " * 200})
-    return messages
-
-
 @pytest.mark.parametrize("window", [1_000_000, 8192])
 def test_a_growing_conversation_counts_only_what_it_adds(window: int) -> None:
     """Request n+1 renders and counts only its new units and the one before them (whose
     answers may have grown), under the threshold and over it; a compaction event (the cut
     moves) prices what it may prune, still far from the whole history, and so does the request
     after it (it resumes before the last unit, where the event happened)."""
-    messages = _agent(300)
+    messages = agent_session(300)
     counted: list[Mapping[str, Any]] = []
 
     def count(message: Mapping[str, Any]) -> int:
@@ -191,7 +179,7 @@ def test_a_calibration_change_is_never_served_a_stale_replay() -> None:
     replay gives with the new counts (the counter's state is part of the key)."""
     counter = ChatTokenCounter(load_encodings())
     model = "qwen2.5-coder"  # heuristic counting: calibrated by the upstream's counts
-    messages = _agent(120)
+    messages = agent_session(120)
     cache: ReplayCache[Any] = ReplayCache()
     replays = Replays(cache, lambda: counter.counting(model))
     budget = _budget(16_384)
@@ -218,7 +206,7 @@ def test_the_cache_is_bounded_in_entries_and_bytes() -> None:
     for cache in (few, small):
         replays = Replays(cache, lambda: None)
         for i in range(10):
-            messages = _agent(40)
+            messages = agent_session(40)
             messages[1] = {"role": "user", "content": f"Task {i}."}  # ten conversations
             plan(messages, pipeline, _budget(8192), simple_count, 0, replays=replays)
     assert len(few) == 3

@@ -15,19 +15,7 @@ from app.compaction.policy import Budget, StrategyName
 from app.compaction.replays import ReplayCache, Replays
 from app.compaction.summary.ahead import next_event
 from app.compaction.summary.rolling import summary_budget
-from tests.conversations import simple_count
-
-
-def _agent(rounds: int) -> list[dict[str, Any]]:
-    messages: list[dict[str, Any]] = [
-        {"role": "system", "content": "You are an agent."},
-        {"role": "user", "content": "Fix the bug."},
-    ]
-    for i in range(rounds):
-        call = {"id": f"c{i}", "type": "function", "function": {"name": "bash", "arguments": "{}"}}
-        messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        messages.append({"role": "tool", "tool_call_id": f"c{i}", "content": f"out {i} " * 60})
-    return messages
+from tests.conversations import agent_session, simple_count
 
 
 @pytest.mark.parametrize("marked", [False, True])
@@ -41,7 +29,7 @@ def test_the_prediction_from_the_cache_is_the_prediction_from_scratch(
     protect = frozenset({"bash"}) if marked else frozenset()
     cache: ReplayCache[Any] = ReplayCache()
     replays = Replays(cache, lambda: None)
-    messages = _agent(200)
+    messages = agent_session(200, words=60)
     counted: list[Mapping[str, Any]] = []
 
     def count(message: Mapping[str, Any]) -> int:

@@ -315,12 +315,13 @@ class _Replay:
         restore's marker), a drop that gains nothing — what it removes costs no more than the
         stand-in that then takes its place, as when a compacted request is compacted again and
         the only unit left to drop is the stand-in itself — is undone (invariant 5)."""
+        drop = self._middle_out if strategy == "middle-out" else self._trim
         if not self.summarizing:
-            self._middle_out(k) if strategy == "middle-out" else self._trim(k)
+            drop(k)
             return
         total, cut, dropped, events = self.total(k), self.cut, set(self.dropped), len(self.events)
         middle = None if self.middle is None else self.middle.resized(len(self.shape.units))
-        self._middle_out(k) if strategy == "middle-out" else self._trim(k)
+        drop(k)
         if self.total(k) < total:
             return
         touched = set(range(cut, self.cut)) | (self.dropped - dropped)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
@@ -24,7 +24,7 @@ from app.compaction.engine import CompactionResult, compact, marker_tokens
 from app.compaction.formats import ApiName, Conversation, WireFormat
 from app.compaction.formats.chat import ChatFormat
 from app.compaction.offload import as_received, is_large, offload, run_off
-from app.compaction.planner import Plan, plan
+from app.compaction.planner import MessageCounter, Plan, plan
 from app.compaction.policy import (
     Budget,
     Controls,
@@ -261,24 +261,28 @@ class CompactionService:
         # restoring, the summary ends with the span marker: its tokens are reserved too
         planned_size = reserved + (marker_tokens(job.count) if job.restore else 0)
 
+        def plan_of(
+            history: Sequence[Mapping[str, Any]],
+            count: MessageCounter,
+            fixed: int,
+            memory: Replays | None,
+        ) -> Plan:  # this request's plan inputs, for its history or a predicted one
+            return plan(
+                history, pipeline, budget, count, fixed, planned_size,
+                protect=job.protect, marked=job.restore, replays=memory,
+            )  # fmt: skip
+
         def planned() -> tuple[int, Plan]:
             fixed = job.count_fixed()
-            the_plan = plan(
-                messages, pipeline, budget, job.count, fixed, planned_size,
-                protect=job.protect, marked=job.restore, replays=replays,
-            )  # fmt: skip
-            return fixed, the_plan
+            return fixed, plan_of(messages, job.count, fixed, replays)
 
         fixed, the_plan = await off(planned)
         compaction = partial(compacting, fixed, summary_tokens=planned_size, planned=the_plan)
         asked = job.asked()
         # the next event's prediction: the same inputs, resuming this plan's replay (read only)
         peek = replays.peeking() if replays is not None else None
-        replan = partial(
-            plan, pipeline=pipeline, budget=budget, fixed_tokens=fixed,
-            summary_tokens=planned_size, protect=job.protect, marked=job.restore, replays=peek,
-        )  # fmt: skip
-        await summarizing.ahead(asked, the_plan, lambda m, c: replan(m, count=c), budget, reserved)
+        predict = partial(plan_of, fixed=fixed, memory=peek)
+        await summarizing.ahead(asked, the_plan, predict, budget, reserved)
         if not the_plan.summarize:
             return await off(lambda: job.rendered(compaction(summary="")))
         summary = await summarizing.job(asked, the_plan, reserved)

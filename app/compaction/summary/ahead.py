@@ -49,6 +49,14 @@ def next_turn(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return turn
 
 
+def last_turn_tokens(messages: Sequence[Mapping[str, Any]], count: MessageCounter) -> int:
+    """What the client's last turn (as `next_turn` shapes it) cost: the size of the turns a
+    prediction grows the conversation by (at least a token a message)."""
+    shape = next_turn(messages)
+    start = max(0, len(messages) - len(shape))
+    return max(len(shape), sum(count(m) for m in messages[start:]))
+
+
 def next_event(
     messages: Sequence[Mapping[str, Any]],
     current: Plan,
@@ -65,9 +73,7 @@ def next_event(
     threshold the turn that triggers it goes: so the prediction is the same at each request
     on the way to the threshold (the summary started at the first is the one the event needs),
     and the cut is at least what the smallest turn crossing the threshold would make."""
-    shape = next_turn(messages)
-    start = max(0, len(messages) - len(shape))
-    last_turn = max(len(shape), sum(count(m) for m in messages[start:]))
+    last_turn = last_turn_tokens(messages, count)
     need = max(1, trigger - current.tokens_after + 1)
     turns = min(MAX_TURNS, -(-need // last_turn))  # ceil
     grown: list[dict[str, Any]] = []
@@ -108,9 +114,7 @@ def next_events(
     Summarising the few cuts a plausible overshoot gives covers more events than one
     (bench/ahead.py). Each is a pure function of the history, so every replica predicts the
     same spans (single-flight keeps one summary each)."""
-    shape = next_turn(messages)
-    start = max(0, len(messages) - len(shape))
-    last_turn = max(len(shape), sum(count(m) for m in messages[start:]))
+    last_turn = last_turn_tokens(messages, count)
     found: list[Plan] = []
     for over in (0, last_turn // 2, last_turn, 2 * last_turn):
         nxt = next_event(messages, current, replan, trigger, count, over)

@@ -68,8 +68,9 @@ def background_of(app: FastAPI) -> BackgroundSummaries:
 
 
 def idle(app: FastAPI) -> bool:
-    counts = background_of(app).counts
-    return counts.queued == 0 and counts.running == 0
+    background = background_of(app)
+    counts = background.counts
+    return background.predicting == 0 and counts.queued == 0 and counts.running == 0
 
 
 def without_summary(messages: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:

@@ -13,9 +13,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.compaction.planner import plan
+from app.compaction.planner import plan, render
 from app.compaction.policy import Budget, StrategyName
 from app.compaction.replays import ReplayCache, Replays
+from app.compaction.summary.ahead import next_event
 from app.compaction.summary.rolling import summary_budget
 from app.compaction.units import UnitRoles
 from app.tokens.counter import ChatTokenCounter, count_within
@@ -91,7 +92,8 @@ def test_a_plan_resumed_from_the_cache_is_the_plan_from_scratch(
     in a call whose answers come with the next one), a request sometimes sent again without its
     last messages (a retry), the second conversation maybe starting as the first does; between
     requests the calibration may move, and with one or two entries the cache evicts.
-    Every request's plan is the plan computed from scratch."""
+    Every request's plan is the plan computed from scratch, and renders the same messages
+    (the cache keeps pruned units as rendered; predictions of the next event add to it)."""
     counter = Calibrated()
     replays = Replays(ReplayCache(entries=entries), counter.state)
     budget = _budget(window)
@@ -125,9 +127,19 @@ def test_a_plan_resumed_from_the_cache_is_the_plan_from_scratch(
                 request, pipeline, budget, counter.count, fixed, summary_tokens,
                 replays=replays, **options,
             )  # fmt: skip
-            assert got == plan(
-                request, pipeline, budget, counter.count, fixed, summary_tokens, **options
-            )
+            fresh = plan(request, pipeline, budget, counter.count, fixed, summary_tokens, **options)
+            assert got == fresh
+            # rendered from the pruned units the cache kept: what a fresh render gives
+            assert render(request, got) == render(request, fresh)
+            if data.draw(st.booleans()):  # the next event predicted (it teaches the cache)
+
+                def replan(history: Any, cost: Any) -> Any:
+                    return plan(
+                        history, pipeline, budget, cost, fixed, summary_tokens,
+                        replays=replays.peeking(), **options,
+                    )  # fmt: skip
+
+                next_event(request, got, replan, budget.trigger, counter.count)
 
 
 @given(conversations(), st.data())
@@ -172,6 +184,42 @@ def test_a_growing_conversation_counts_only_what_it_adds(window: int) -> None:
     moved = sum(a != b for a, b in pairwise(events))
     assert sum(n > 4 for n in per_request) <= 2 * moved + 1, per_request
     assert max(per_request) < 100, per_request
+
+
+def test_a_compacted_conversation_renders_only_what_it_adds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Over the threshold every request is rendered compacted, its old tool rounds pruned:
+    request n+1 takes the pruned rounds its replay kept instead of pruning each again, so it
+    prunes only a few units (the new ones, and all of them at an event), and renders exactly
+    what a fresh plan renders."""
+    import app.compaction.planner as planner
+
+    pruned: list[int] = []
+    real = planner.prune_unit
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        pruned.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(planner, "prune_unit", counting)
+    messages = agent_session(300)
+    replays = Replays(ReplayCache(), lambda: None)
+    pipeline: tuple[StrategyName, ...] = ("truncate", "prune", "trim")
+    budget = _budget(16_384)
+    plan(copy.deepcopy(messages[:400]), pipeline, budget, simple_count, 0, replays=replays)
+    per_request, events = [], []
+    for end in range(402, 482, 2):
+        request = copy.deepcopy(messages[:end])
+        pruned.clear()
+        got = plan(request, pipeline, budget, simple_count, 0, replays=replays)
+        shown = render(request, got)
+        per_request.append(len(pruned))
+        events.append(got.events)
+        assert got.pruned_before > 50  # most of the history is shown pruned
+        assert shown == render(request, plan(request, pipeline, budget, simple_count, 0))
+    moved = sum(a != b for a, b in pairwise(events))
+    assert sum(n > 6 for n in per_request) <= 2 * moved + 1, per_request
 
 
 def test_a_calibration_change_is_never_served_a_stale_replay() -> None:

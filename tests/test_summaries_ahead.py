@@ -173,3 +173,44 @@ async def test_a_summary_waits_for_its_upstream_to_stay_idle_a_moment() -> None:
     await until(lambda: bool(calls))
     assert calls[0] - quiet >= IDLE_SETTLE
     await background.aclose()
+
+
+@pytest.mark.parametrize("when_idle", [True, False])
+async def test_the_next_event_is_predicted_off_the_request_path(
+    open_app: Callable[..., Any],  # noqa: F811
+    fake: FakeUpstream,
+    monkeypatch: pytest.MonkeyPatch,
+    when_idle: bool,
+) -> None:
+    """Predicting the next event replans the history grown past the threshold (an event's
+    work, at every request near it): it runs in a task of its own that no request waits for.
+    Summaries waiting for the upstream to go idle (the default) could not start before the
+    answer anyway, so it runs once the answer is on its way: the upstream has the request a
+    prediction is of before it. Otherwise it starts with the request. Its spans are
+    summarised either way."""
+    import app.compaction.summary.request as request_module
+
+    def chats() -> int:  # the client requests the upstream has had
+        return sum(r.path.endswith("/chat/completions") and b'"max_tokens":256' in r.body
+                   for r in fake.requests)  # fmt: skip
+
+    seen: list[tuple[int, int]] = []  # (messages of the request predicted for, chats then)
+    real = request_module.next_events
+
+    def predicting(messages: Sequence[Mapping[str, Any]], *args: Any) -> list[Plan]:
+        seen.append((len(messages), chats()))
+        return real(messages, *args)
+
+    monkeypatch.setattr(request_module, "next_events", predicting)
+    app, client = await open_app(summary_ahead=0.55, summary_when_idle=when_idle)
+    messages = agent_log(40)
+    points = request_points(messages)[:24]
+    for k in points:
+        await send(client, messages[:k])
+        await until(lambda: idle(app))
+    assert len(seen) >= 3
+    if when_idle:
+        for size, upstream_had in seen:
+            assert upstream_had >= points.index(size) + 1
+    assert fake.summary_calls > 0  # the predicted spans were summarised
+    assert background_of(app).predicting == 0

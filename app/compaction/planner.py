@@ -38,6 +38,9 @@ from app.compaction.truncate import cap_chars, truncate_unit
 from app.compaction.units import Unit, UnitRoles
 
 MessageCounter = Callable[[Mapping[str, Any]], int]
+# A pruned unit as the plan shows it, message by message: None where it is the client's own
+# message, else what stands for it (a placeholder of ours): see `_Costs.shown`.
+Shown = tuple[Mapping[str, Any] | None, ...]
 SummaryRole = Literal["user", "assistant", "fold"]
 TOOL_KINDS = ("tool_round", "function_round")
 
@@ -67,6 +70,9 @@ class Plan:
     # Restore on (§11): one marker stands for what was cut or dropped, placed like a summary,
     # its tokens reserved like a summary's.
     marker: bool = False
+    # Pruned units as the replay priced them (`_Costs.shown`): rendering takes them as they are
+    # instead of pruning each unit again. Not part of what the plan is.
+    shown: Mapping[int, Shown] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def changed(self) -> bool:
@@ -114,6 +120,10 @@ class _Costs:
     cap: int
     protect: frozenset[str] = frozenset()
     memo: dict[tuple[int, int, bool], int] = field(default_factory=dict)
+    # Each unit priced pruned (and not truncated), as it renders: a pure function of the unit
+    # and its place, kept with the memo so that a request resuming a replay renders the units
+    # it pruned before without pruning them again. Only our placeholders are held.
+    shown: dict[int, Shown] = field(default_factory=dict)
 
     def render(self, i: int, truncated: int, pruned: bool) -> int:
         """Unit i's cost; `truncated` is 0 (no), 1 (tool outputs) or 2 (deep)."""
@@ -129,13 +139,32 @@ class _Costs:
             cost = self.render(i, 0, pruned)  # nothing to cut: as is
         else:
             cost = self.count(out[0]) if len(out) == 1 else sum(map(self.count, out))
+            if pruned and not truncated:
+                self.shown[i] = tuple(
+                    None if a is b else a for a, b in zip(out, chunk, strict=True)
+                )
         self.memo[key] = cost
         return cost
 
     def detached(self) -> _Costs:
         """A copy of the costs known so far, holding no message (what a remembered replay
         keeps)."""
-        return replace(self, messages=(), units=(), count=_uncounted, memo=dict(self.memo))
+        return replace(
+            self,
+            messages=(),
+            units=(),
+            count=_uncounted,
+            memo=dict(self.memo),
+            shown=dict(self.shown),
+        )
+
+    def learn(self, other: _Costs, units: int) -> None:
+        """Take what `other` priced of the first `units` units, which this one prices the same
+        (a remembered replay, from a what-if plan that resumed it: the next event's
+        prediction prices every unit at its event, and the next one need not again). One
+        `dict.update`, atomic for other threads resuming from this memo meanwhile."""
+        self.memo.update({key: cost for key, cost in other.memo.items() if key[0] < units})
+        self.shown.update({i: shown for i, shown in other.shown.items() if i < units})
 
     def has_giant_output(self, i: int) -> bool:
         """Whether truncating unit i's tool outputs changes it and makes it cheaper."""
@@ -208,6 +237,7 @@ class _Replay:
         """A saved state, to go on with for a longer history (`shape`: its units, the first
         ones those replayed) priced by `costs`."""
         costs.memo.update(self.costs.memo)
+        costs.shown.update(self.costs.shown)
         return self._copy(shape, costs)
 
     def replay(self, trigger: int, keep: bool) -> _Replay | None:
@@ -463,6 +493,7 @@ class _Replay:
             summary_role=self.summary_role,
             protect=self.costs.protect,
             marker=self.marked and self.stands_in(),
+            shown=self.costs.shown,
         )
 
 
@@ -552,6 +583,8 @@ def plan(
     kept = replay.replay(budget.trigger, keep)
     if recall is not None and kept is not None:
         recall.remember(kept, messages, shape.units[-1].start)
+    elif saved is not None and recall is not None and not recall.replays.keep:
+        saved.costs.learn(costs, saved.replayed)
     return replay.result()
 
 
@@ -560,8 +593,12 @@ def _shown(messages: Sequence[Mapping[str, Any]], plan: Plan, i: int) -> list[Ma
     unit = plan.units[i]
     level = _truncation_level(i, plan.truncated, plan.deep)
     chunk = list(messages[unit.start : unit.end])
+    pruned = i < plan.pruned_before
+    shown = plan.shown.get(i) if pruned and not level else None
+    if shown is not None and len(shown) == len(chunk):
+        return [m if r is None else r for m, r in zip(chunk, shown, strict=True)]
     protect = plan.protect if i < len(plan.units) - 1 else frozenset()
-    return _transform(chunk, unit, plan.cap, level, i < plan.pruned_before, protect)
+    return _transform(chunk, unit, plan.cap, level, pruned, protect)
 
 
 def render_span(

@@ -38,6 +38,7 @@ class Preview:
     error: str | None = None  # compaction itself failed: what the request got instead, and why
     summary_state: SummaryState | None = None  # when the request's event needed a summary
     starts: tuple[Callable[[], object], ...] = ()  # the background summaries it starts
+    after: tuple[Callable[[], object], ...] = ()  # what starts once its answer is on its way
 
     def start_background(self) -> None:
         """Start the background summaries this request asked for (once)."""

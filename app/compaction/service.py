@@ -83,6 +83,8 @@ class Compacted:
     # restoring: what the forwarded markers' refs stand for (app/compaction/restorable.py)
     refs: Mapping[str, str] = field(default_factory=dict)
     budget: int = 0  # the window less the output reserve (what restored texts may fill)
+    # what starts once the answer is on its way (not after an error): summaries ahead
+    after_answer: tuple[Callable[[], object], ...] = ()
 
 
 def view_body(conversation: Conversation) -> dict[str, Any]:
@@ -181,6 +183,7 @@ class CompactionService:
             error,
             outcome.state,
             tuple(job.later),
+            tuple(job.after),
         )
         if not forwarding:
             preview.start_background()
@@ -370,6 +373,7 @@ class CompactionService:
             summary_model=preview.summary_model,
             refs=result.refs,
             budget=preview.window - preview.reserve,
+            after_answer=preview.after,
         )
 
     def learn(
@@ -477,6 +481,7 @@ class _Job:
     wait: bool = False  # a compaction event waits for its summary (§12)
     ahead: bool = False  # summaries ahead of the next event may start (a forwarded request)
     later: list[Callable[[], object]] = field(default_factory=list)  # see `Asked.later`
+    after: list[Callable[[], object]] = field(default_factory=list)  # see `Asked.after`
 
     def count(self, message: Mapping[str, Any]) -> int:
         messages = self.conversation.messages
@@ -495,6 +500,7 @@ class _Job:
             self.wait,
             self.ahead,
             self.later,
+            self.after,
         )
 
     def count_fixed(self) -> int:

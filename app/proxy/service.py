@@ -398,5 +398,9 @@ class ApiService:
         )
 
     async def _finish(self, exchange: Exchange) -> None:
+        compacted = exchange.compacted
+        if compacted is not None and 0 < exchange.status < 400:
+            for start in compacted.after_answer:  # its answer went out: summaries ahead
+                start()
         if self._on_done is not None:
             await self._on_done(exchange)

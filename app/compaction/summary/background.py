@@ -15,8 +15,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from functools import partial
+from typing import Any
 
 from app.compaction.summary.cache import SummaryBusy
 from app.compaction.summary.prompt import SummaryFailed, SummaryUsage
@@ -52,6 +53,7 @@ class BackgroundSummaries:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._waiting: dict[str, bool] = {}  # key -> made ahead of its event, until it starts
         self._started: set[str] = set()
+        self._predicting: set[asyncio.Task[None]] = set()  # next events being worked out
         self._closing = False
         self._stats = stats if stats is not None else SummaryStats()
         self.counts = self._stats.background
@@ -59,6 +61,11 @@ class BackgroundSummaries:
     def pending(self, key: str) -> bool:
         """Whether the summary of `key` is being made (or waits to be) in this process."""
         return key in self._tasks or self._summaries.computing(key)
+
+    @property
+    def predicting(self) -> int:
+        """How many next events are being worked out (their summaries not submitted yet)."""
+        return len(self._predicting)
 
     def full(self) -> bool:
         """Whether no more summaries may wait."""
@@ -107,6 +114,24 @@ class BackgroundSummaries:
         keep = frozenset(keys[-1][1] for _, keys in jobs)
         for job, keys in jobs:
             self.submit(job, keys, ahead=True, keep=keep)
+
+    def predict(self, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Run `work` (a conversation's next event worked out, its spans submitted) in a task
+        of its own that no request waits for; at most `max_tasks` at once, cancelled at
+        shutdown, a failure logged and counted."""
+        if self._closing or len(self._predicting) >= self._max_tasks:
+            self.counts.skip("full")
+            return
+        task = asyncio.create_task(work(), name="summaries ahead")
+        self._predicting.add(task)
+        task.add_done_callback(self._predicted)
+
+    def _predicted(self, task: asyncio.Task[None]) -> None:
+        self._predicting.discard(task)
+        if not task.cancelled() and task.exception() is not None:  # not lost: logged, counted
+            self.counts.failed += 1
+            self._stats.failed("error")
+            logger.error("predicting the next event failed", exc_info=task.exception())
 
     async def _run(self, job: SummaryJob, keys: list[tuple[int, str]]) -> None:
         key = keys[-1][1]
@@ -186,7 +211,7 @@ class BackgroundSummaries:
     async def aclose(self) -> None:
         """Cancel every background summary (shutdown) and wait until they have ended."""
         self._closing = True
-        tasks = list(self._tasks.values())
+        tasks = [*self._tasks.values(), *self._predicting]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
+from urllib.parse import urlsplit
 
 from app.compaction.formats import ApiName
 from app.compaction.offload import offload
@@ -53,6 +54,8 @@ class Asked:
     # Background summaries this request starts, once its compaction is done: its own upstream
     # request is in flight by the time they look whether that upstream is idle.
     later: list[Callable[[], object]] = field(default_factory=list)
+    # What starts once its answer is on its way (the next event's prediction, see `ahead`).
+    after: list[Callable[[], object]] = field(default_factory=list)
 
 
 class RequestSummaries:
@@ -104,11 +107,38 @@ class RequestSummaries:
         finds its summary made, or a prefix of it that a rolling update extends. At most twice
         that many are in the making per conversation; a prediction that moves on starts only
         the spans not in the making already (a rolling update from the nearest one made)."""
-        background, summaries = self.background, self._summaries
+        background = self.background
         if background is None or asked.wait or not asked.ahead:
             return
         if the_plan.tokens_after < self._settings.summary_ahead * budget.budget:
             return
+        predict = partial(self._predict, background, asked, the_plan, replan, budget, reserved)
+        start = partial(background.predict, predict)
+        (asked.later if self._predicts_at_once(asked) else asked.after).append(start)
+
+    def _predicts_at_once(self, asked: Asked) -> bool:
+        """Whether the next event's prediction starts with the request rather than after its
+        answer: when the summaries it starts need not wait for the request's upstream to go
+        idle (`SUMMARY_WHEN_IDLE=false`, or summaries go to another upstream). Otherwise they
+        could not start before the answer anyway, and planning them then takes nothing from
+        the answer's way on a busy event loop."""
+        if not self._settings.summary_when_idle:
+            return True
+        upstream_of = self._upstream_of
+        summaries_go = upstream_of(asked.summary_model, asked.api) if upstream_of else None
+        return summaries_go is not None and _server(summaries_go) != _server(asked.base_url)
+
+    async def _predict(
+        self,
+        background: BackgroundSummaries,
+        asked: Asked,
+        the_plan: Plan,
+        replan: Replan,
+        budget: Budget,
+        reserved: int,
+    ) -> None:
+        """Plan the next event's likeliest cuts and start the summaries of their spans."""
+        summaries = self._summaries
         cuts = self._settings.summary_ahead_cuts
         predict = partial(
             next_events, asked.messages, the_plan, replan, budget.trigger, asked.count, cuts
@@ -133,7 +163,7 @@ class RequestSummaries:
             if await summaries.cached(job.key) is None:
                 start.append((job, keys))
         if start:
-            asked.later.append(partial(background.submit_ahead, start))
+            background.submit_ahead(start)
 
     async def stand_in(self, asked: Asked, job: SummaryJob) -> StandIn:
         """The summary of `job`'s span for this request: cached; else, in wait mode, made now;
@@ -167,3 +197,9 @@ class RequestSummaries:
             reason = count_fallback(job.complete, exc)  # counted in /stats and /metrics
             logger.warning("summary failed (%s) for %s, none stands in: %s", reason, model, why)
             return None, "failed", why
+
+
+def _server(url: str) -> tuple[str, str]:
+    """The scheme and host:port of `url` (one upstream server, whatever the path)."""
+    parts = urlsplit(url)
+    return parts.scheme, parts.netloc.rpartition("@")[2]

@@ -25,6 +25,7 @@ so the retry differs from what failed.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -48,6 +49,10 @@ MAX_SOLVER_STEPS = 64  # the active-set solver needs a few; this bounds it whate
 # the history without a refit — at most this many in a row, so that fading old observations
 # still count.
 REFIT_EVERY = 8
+# ... "explains": within half the deadband, or, when the fit's own observations scatter more
+# (a count it cannot model to 1 %: another tokenizer's quirks), within twice their typical
+# scatter — else every answer would refit — but never past this share.
+MAX_EXPLAINED = 0.25
 # Prior stiffness per parameter toward "no correction", in the units of the weighted sum of
 # squares (a short prompt weighs about 1/256, a 3,000-token one 1/3,900). `content`: a twentieth
 # of one 3,000-token prompt but some thirty short ones, so short prompts alone hardly move it.
@@ -274,6 +279,16 @@ def moved(applied: Correction, fitted: Correction, observations: Iterable[Observ
     return False
 
 
+def _scatter(correction: Correction, observations: Sequence[Observation]) -> float:
+    """How far `observations` typically are from what `correction` predicts: the root mean
+    square of the relative misses (relative to at least `DEADBAND_FLOOR` tokens)."""
+    misses = [
+        ((correction.predict(o) - o.actual) / max(correction.predict(o), DEADBAND_FLOOR)) ** 2
+        for o in observations
+    ]
+    return math.sqrt(sum(misses) / len(misses)) if misses else 0.0
+
+
 def reaching(correction: Correction, obs: Observation, bounds: Bounds) -> Correction:
     """`correction`, raised (content first, then per request, within bounds) until it counts
     `obs` at least at its actual size."""
@@ -310,7 +325,8 @@ class Calibration:
         self._max_models = max_models
         self._history: dict[str, deque[Observation]] = {}
         self._applied: dict[str, Correction] = {}
-        self._fitted: dict[str, tuple[Correction, int]] = {}  # the last fit, observations since
+        # the last fit, how far its observations scatter around it, observations since
+        self._fitted: dict[str, tuple[Correction, float, int]] = {}
         self._changes = 0  # how many times a correction in use changed
         self._lock = threading.Lock()
 
@@ -342,14 +358,15 @@ class Calibration:
                     return
                 history = self._history[model] = deque(maxlen=self._window)
             history.append(obs)
-            last, since = self._fitted.get(model, (None, 0))
+            last, scatter, since = self._fitted.get(model, (None, 0.0, 0))
             if not overflowed and last is not None and since < REFIT_EVERY:
                 expected = last.predict(obs)
-                if abs(expected - obs.actual) <= DEADBAND / 2 * max(expected, DEADBAND_FLOOR):
-                    self._fitted[model] = (last, since + 1)
+                explained = min(MAX_EXPLAINED, max(DEADBAND / 2, 2 * scatter))
+                if abs(expected - obs.actual) <= explained * max(expected, DEADBAND_FLOOR):
+                    self._fitted[model] = (last, scatter, since + 1)
                     return
             fitted = fit(history, bounds)
-            self._fitted[model] = (fitted, 0)
+            self._fitted[model] = (fitted, _scatter(fitted, history), 0)
             applied = self._applied.get(model, NEUTRAL)
             if overflowed:
                 self._applied[model] = reaching(fitted, obs, bounds)

@@ -21,7 +21,7 @@ from app.compaction.planner import MessageCounter, Plan
 # request's plan left in the replay cache).
 Replan = Callable[[Sequence[Mapping[str, Any]], MessageCounter], Plan]
 
-MAX_TURNS = 64  # turns a prediction grows the conversation by, at the most
+MAX_TURNS = 16  # turns a prediction grows the conversation by, at the most
 
 
 def next_turn(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

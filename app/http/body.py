@@ -9,6 +9,7 @@ import orjson
 from starlette.requests import Request
 
 from app.errors import BadRequest, InvalidJSON, PayloadTooLarge
+from app.http.reuse import Reused
 
 MAX_JSON_DEPTH = 64
 MAX_MESSAGES = 100_000
@@ -74,12 +75,22 @@ def parse_model_body(raw: bytes) -> dict[str, Any]:
         raise InvalidJSON(f"request body is not valid JSON: {exc}") from exc
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
-    if deeper_than(body, MAX_JSON_DEPTH):
+    check_depth(body)
+    check_model(body)
+    return body
+
+
+def check_depth(value: Any) -> None:
+    """400 when the JSON object `value` (a body, or what a reused parse parsed of one: its
+    keys are at the body's level) nests deeper than `MAX_JSON_DEPTH`."""
+    if deeper_than(value, MAX_JSON_DEPTH):
         raise BadRequest(f"request body is nested deeper than {MAX_JSON_DEPTH} levels")
+
+
+def check_model(body: dict[str, Any]) -> None:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise BadRequest("'model' must be a non-empty string", param="model")
-    return body
 
 
 def check_stream(body: dict[str, Any]) -> None:
@@ -88,15 +99,39 @@ def check_stream(body: dict[str, Any]) -> None:
         raise BadRequest("'stream' must be a boolean", param="stream")
 
 
+def check_model_rest(reused: Reused) -> None:
+    """What `parse_model_body` and `check_stream` check, on a body parsed from a remembered
+    one (app/http/reuse.py): the part parsed now (its depth), and the body's model and stream."""
+    check_depth(reused.rest)
+    check_model(reused.body)
+    check_stream(reused.body)
+
+
+def check_chat_rest(reused: Reused) -> None:
+    """What `parse_chat_body` checks, on a body parsed from a remembered one: the part parsed
+    now (its depth), the model, and the messages parsed now."""
+    check_depth(reused.rest)
+    check_model(reused.body)
+    check_chat_body(reused.body, reused.reused)
+
+
 def parse_chat_body(raw: bytes) -> dict[str, Any]:
     """Parse and check the shape of a chat completions request (400 naming what is wrong)."""
     body = parse_model_body(raw)
+    check_chat_body(body)
+    return body
+
+
+def check_chat_body(body: dict[str, Any], start: int = 0) -> None:
+    """The shape of a chat completions request, its messages from `start` on (those before
+    were checked when they were parsed: a reused parse)."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("'messages' must be a non-empty array", param="messages")
     if len(messages) > MAX_MESSAGES:
         raise BadRequest(f"'messages' has more than {MAX_MESSAGES} entries", param="messages")
-    for i, message in enumerate(messages):
+    for i in range(start, len(messages)):
+        message = messages[i]
         if not isinstance(message, dict):
             raise BadRequest(f"messages[{i}] must be an object", param=f"messages[{i}]")
         if not isinstance(message.get("role"), str):
@@ -116,7 +151,6 @@ def parse_chat_body(raw: bytes) -> dict[str, Any]:
                 param=f"messages[{i}].tool_calls",
             )
     check_stream(body)
-    return body
 
 
 def add_include_usage(raw: bytes, body: dict[str, Any]) -> bytes | None:

@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from app.compaction.formats.chat import ChatFormat
-from app.http.body import add_include_usage, parse_chat_body
+from app.http.body import add_include_usage, check_chat_rest, parse_chat_body
 from app.proxy.restore_chat import ChatDialect
 from app.proxy.service import Api
 
@@ -36,6 +36,8 @@ CHAT_API = Api(
     upstream_path="/chat/completions",
     wire=ChatFormat(),
     parse_body=parse_chat_body,
+    history="messages",
+    check_rest=check_chat_rest,
     stream_usage=ask_stream_usage,
     restore=ChatDialect(),
 )

@@ -13,6 +13,7 @@ from typing import Any
 
 from app.compaction.formats.messages import MessagesFormat
 from app.errors import ProxyError
+from app.http.body import check_model_rest
 from app.proxy.responses import parse_responses_body
 from app.proxy.restore_messages import MessagesDialect
 from app.proxy.service import Api
@@ -41,6 +42,8 @@ MESSAGES_API = Api(
     upstream_path="/messages",
     wire=MessagesFormat(),
     parse_body=parse_responses_body,  # the same check: an object naming its model
+    history="messages",
+    check_rest=check_model_rest,
     usage=Usage.from_anthropic,
     error_body=anthropic_error_body,
     anthropic=True,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from app.compaction.formats.responses import ResponsesFormat
-from app.http.body import check_stream, parse_model_body
+from app.http.body import check_model_rest, check_stream, parse_model_body
 from app.proxy.restore_responses import ResponsesDialect
 from app.proxy.service import Api
 
@@ -28,5 +28,7 @@ RESPONSES_API = Api(
     upstream_path="/responses",
     wire=ResponsesFormat(),
     parse_body=parse_responses_body,
+    history="input",
+    check_rest=check_model_rest,
     restore=ResponsesDialect(),
 )

@@ -22,6 +22,7 @@ from starlette.responses import Response
 
 from app.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
 from app.http.body import read_body
+from app.http.reuse import ParsedBodies, Reused
 from app.proxy.relay import RelayResponse, RelayResult, buffered_response
 from app.proxy.restore import Dialect, RestoreLoop, Send, follow_json, offer, restore_headers
 from app.proxy.restore_stream import follow_stream
@@ -56,6 +57,10 @@ class Api:
     upstream_path: str  # joined to the upstream's base URL, e.g. `/chat/completions`
     wire: WireFormat  # the adapter the compaction service plans and renders through
     parse_body: Callable[[bytes], dict[str, Any]]  # parse and check the shape (400 naming why)
+    # The history array a conversation's next request extends (app/http/reuse.py), and the
+    # checks `parse_body` makes on a body parsed from a remembered one, of what was parsed now.
+    history: str | None = None
+    check_rest: Callable[[Reused], None] | None = None
     usage: Callable[[Any], Usage | None] = Usage.from_json  # a JSON answer's `usage` value
     stream_usage: StreamUsage | None = None  # ask a stream for usage (None: it always has it)
     error_body: Callable[[ProxyError], dict[str, Any]] = openai_error_body  # the error envelope
@@ -175,12 +180,14 @@ class ApiService:
         self._compactor = compactor
         self._on_done = on_done
         self._on_sent = on_sent  # the response starts: its ledger row is queued (never waits)
+        reusable = api.history is not None and api.check_rest is not None
+        self._bodies = ParsedBodies(api.history) if reusable and api.history else None
 
     async def handle(self, request: Request, client_key_id: str | None = None) -> Response:
         started = time.perf_counter()
         try:
             raw = await read_body(request, self._settings.max_body_bytes)
-            body = self.api.parse_body(raw)
+            body = self._parse(raw)
         except ProxyError as exc:
             await self.reject(exc, client_key_id, started)
             raise
@@ -203,6 +210,21 @@ class ApiService:
                 exchange.outcome = "upstream_error" if upstream_failed else "rejected"
                 await self._finish(exchange)
             raise
+
+    def _parse(self, raw: bytes) -> dict[str, Any]:
+        """The body, parsed only where it is not the remembered body of an earlier request it
+        extends (app/http/reuse.py), checked as `parse_body` checks it."""
+        bodies, check = self._bodies, self.api.check_rest
+        if bodies is None or check is None:
+            return self.api.parse_body(raw)
+        reused = bodies.parse(raw)
+        if reused is None:
+            body = self.api.parse_body(raw)
+        else:
+            check(reused)
+            body = reused.body
+        bodies.remember(raw, body, reused)
+        return body
 
     async def reject(
         self, error: ProxyError, client_key_id: str | None, started: float | None = None

@@ -61,7 +61,7 @@ async def chat(request: Request) -> Response:
     body = orjson.loads(raw)
     if not body.get("stream"):
         return Response(answer(raw), media_type="application/json")
-    usage = (body.get("stream_options") or {}).get("include_usage")
+    wants_usage = (body.get("stream_options") or {}).get("include_usage")
     gap = float(body.get("bench_gap", 0))  # seconds between chunks (held streams)
     stamp = bool(body.get("bench_stamp"))  # content = send time in ns (chunk latency)
     chunks = int(body.get("bench_chunks", CHUNKS))
@@ -71,7 +71,7 @@ async def chat(request: Request) -> Response:
             yield _chunk(i, stamp)
             if gap:
                 await asyncio.sleep(gap)
-        if usage:
+        if wants_usage:
             final = {"id": "c", "choices": [], "usage": usage(raw)}
             yield b"data: " + orjson.dumps(final) + b"\n\n"
         yield b"data: [DONE]\n\n"

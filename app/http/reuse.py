@@ -60,6 +60,7 @@ class Reused:
     rest: dict[str, Any]
     ends: list[int]  # where the reused items end in the new bytes (as in the old ones)
     rest_at: int  # where the rest (after the reused items and their comma) starts
+    entry: _Body  # the remembered body it extends
 
 
 class ParsedBodies:
@@ -85,13 +86,15 @@ class ParsedBodies:
         with self._lock:
             candidates = list(self._by_probe.get(raw[:PROBE], ()))
         best: tuple[_Body, int] | None = None
-        for entry in candidates:
+        for entry in candidates:  # the most recent first
             ends = self._ends(entry)
             if not ends:
                 continue
             k = _matching(raw, entry.raw, ends)
             if k and (best is None or k > best[1]):
                 best = (entry, k)
+            if k == len(ends):
+                break  # all of it: the conversation's last request
         if best is None:
             return None
         entry, k = best
@@ -120,7 +123,7 @@ class ParsedBodies:
         for name, value in rest.items():
             if name != self._key:
                 body[name] = value
-        return Reused(body, k, rest, entry.ends[:k], rest_at)
+        return Reused(body, k, rest, entry.ends[:k], rest_at, entry)
 
     def remember(self, raw: bytes, body: dict[str, Any], reused: Reused | None = None) -> None:
         """Keep `body` (parsed from `raw`, checked) for the requests that extend it. Where its
@@ -129,9 +132,13 @@ class ParsedBodies:
         if not isinstance(items, list) or not items or len(raw) < PROBE:
             return
         entry = _Body(raw, body, size=len(raw) * PARSED_FACTOR)
+        extended = None
         if reused is not None:
             entry.ends, entry.checked = self._extended(reused), True
+            extended = reused.entry if reused.reused == len(reused.entry.ends or ()) else None
         with self._lock:
+            if extended is not None:  # a conversation keeps its last request (not a branch)
+                self._drop(extended)
             self._entries[id(entry)] = entry
             self._bytes += entry.size
             same = self._by_probe.setdefault(raw[:PROBE], [])
@@ -208,9 +215,11 @@ def _matching(raw: bytes, old: bytes, ends: list[int]) -> int:
     """How many leading items of `old` (ending at `ends`) `raw` starts with, byte for byte,
     followed by another item or the array's end."""
 
+    view = memoryview(old)  # compared in place: no copy of either
+
     def same(k: int) -> bool:
         end = ends[k - 1]
-        return raw[end : end + 1] in (b",", b"]") and raw[:end] == old[:end]
+        return raw[end : end + 1] in (b",", b"]") and raw.startswith(view[:end])
 
     n = len(ends)
     if same(n):

@@ -214,3 +214,47 @@ async def test_the_next_event_is_predicted_off_the_request_path(
             assert upstream_had >= points.index(size) + 1
     assert fake.summary_calls > 0  # the predicted spans were summarised
     assert background_of(app).predicting == 0
+
+
+async def test_a_conversation_of_small_messages_is_predicted_every_few_requests(
+    open_app: Callable[..., Any],  # noqa: F811
+    fake: FakeUpstream,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Predicting is an event's work (issue 16). A conversation that grows by small messages
+    is predicted again once it grew by `PREDICT_STEP` of the way from the goal to the
+    trigger, or its cuts moved; one of big turns (a tool round of hundreds of lines) at every
+    request past `SUMMARY_AHEAD`, as when every request predicted."""
+    import app.compaction.summary.request as request_module
+
+    predicted: list[int] = []
+    real = request_module.next_events
+
+    def predicting(messages: Sequence[Mapping[str, Any]], *args: Any) -> list[Plan]:
+        predicted.append(len(messages))
+        return real(messages, *args)
+
+    monkeypatch.setattr(request_module, "next_events", predicting)
+    chat: list[dict[str, Any]] = [{"role": "user", "content": "Tell me about the codebase."}]
+    for i in range(480):
+        role = "assistant" if i % 2 == 0 else "user"
+        chat.append({"role": role, "content": f"note {i}: " + "the parser reads tokens " * 4})
+    tools = agent_log(24)
+    counts: dict[tuple[str, float], int] = {}
+    default = request_module.PREDICT_STEP
+    for step in (default, 0.0):  # 0: every request predicts
+        monkeypatch.setattr(request_module, "PREDICT_STEP", step)
+        for name, session, points in (
+            ("small", chat, range(2, len(chat), 2)),
+            ("big", tools, request_points(tools)),
+        ):
+            app, client = await open_app(summary_ahead=0.55)
+            predicted.clear()
+            for k in points:
+                await send(client, session[:k])
+                await until(lambda app=app: idle(app))  # type: ignore[misc]
+            counts[name, step] = len(predicted)
+    every = {name: counts[name, 0.0] for name in ("small", "big")}
+    assert every["small"] > 60  # many requests past SUMMARY_AHEAD
+    assert 0 < counts["small", default] < every["small"] / 2, counts
+    assert counts["big", default] == every["big"] > 5, counts

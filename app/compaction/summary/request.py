@@ -12,6 +12,8 @@ from functools import partial
 from typing import Any
 from urllib.parse import urlsplit
 
+import orjson
+
 from app.compaction.formats import ApiName
 from app.compaction.offload import offload
 from app.compaction.planner import MessageCounter, Plan
@@ -21,6 +23,7 @@ from app.compaction.summary.ahead import Replan, next_events
 from app.compaction.summary.background import BackgroundSummaries
 from app.compaction.summary.prompt import Completer, SummaryFailed
 from app.compaction.summary.rolling import Summaries, SummaryJob, boundary_keys
+from app.lru import BoundedLRU
 from app.settings import Settings
 from app.tokens.counter import TokenCounter
 from app.usage.summary_stats import count_fallback
@@ -31,6 +34,10 @@ CompleterFactory = Callable[[str, Mapping[str, str], ApiName], Completer]
 # (summary model, the client's API) -> the base URL of the upstream its summaries go to
 UpstreamOf = Callable[[str, ApiName], str]
 PROMPT_OVERHEAD = 700  # the summary prompt's own instructions, in tokens
+# A conversation's next event is predicted again once it grew by this share of the way from
+# the goal to the trigger (or its cuts moved); conversations remembered for that, at most:
+PREDICT_STEP = 1 / 16
+PREDICTED_CONVERSATIONS = 4096
 # What a request's summary and its outcome come to: the text (None: not there), its state
 # for `X-Compaction-Summary`, and why it failed when it did.
 StandIn = tuple[str | None, SummaryState, str | None]
@@ -78,6 +85,8 @@ class RequestSummaries:
         self._completer_for = completer_for
         self.background = background
         self._upstream_of = upstream_of
+        # per conversation (model, head, cuts): its size when its next event was last predicted
+        self._predicted: BoundedLRU[tuple[Any, ...], int] = BoundedLRU(PREDICTED_CONVERSATIONS)
 
     async def job(self, asked: Asked, the_plan: Plan, reserved: int) -> SummaryJob:
         """What making the summary of `the_plan`'s cut span takes."""
@@ -112,9 +121,32 @@ class RequestSummaries:
             return
         if the_plan.tokens_after < self._settings.summary_ahead * budget.budget:
             return
+        if self._predicted_lately(asked, the_plan, budget):
+            return
         predict = partial(self._predict, background, asked, the_plan, replan, budget, reserved)
         start = partial(background.predict, predict)
         (asked.later if self._predicts_at_once(asked) else asked.after).append(start)
+
+    def _predicted_lately(self, asked: Asked, the_plan: Plan, budget: Budget) -> bool:
+        """Whether this conversation's next event was predicted at a request less than
+        `PREDICT_STEP` of the way from the goal to the trigger before this one, with the same
+        cuts so far: a prediction grows the conversation by turns like its last one, so one
+        message more changes little, and predicting is an event's work. A conversation of big
+        turns (a tool round of a few thousand tokens) is predicted at every request; one of
+        many small messages at every few."""
+        head = the_plan.units[the_plan.head - 1].end if the_plan.head else 0
+        try:
+            start = orjson.dumps(list(asked.messages[: max(head, 1)]))
+        except TypeError:
+            return False
+        key = (asked.summary_model, hash(start), the_plan.cut, the_plan.events)
+        now = the_plan.tokens_after
+        last = self._predicted.get(key)
+        step = max(1, int(PREDICT_STEP * (budget.trigger - budget.goal)))
+        if last is not None and last <= now < last + step:
+            return True
+        self._predicted.put(key, now)
+        return False
 
     def _predicts_at_once(self, asked: Asked) -> bool:
         """Whether the next event's prediction starts with the request rather than after its

@@ -252,7 +252,7 @@ async def test_a_conversation_of_small_messages_is_predicted_every_few_requests(
             predicted.clear()
             for k in points:
                 await send(client, session[:k])
-                await until(lambda app=app: idle(app))  # type: ignore[misc]
+                await until(lambda app=app: idle(app))
             counts[name, step] = len(predicted)
     every = {name: counts[name, 0.0] for name in ("small", "big")}
     assert every["small"] > 60  # many requests past SUMMARY_AHEAD

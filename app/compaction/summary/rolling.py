@@ -13,6 +13,8 @@ request goes without the summary (the same cut, nothing in its place).
 from __future__ import annotations
 
 import hashlib
+import operator
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -40,6 +42,22 @@ def summary_budget(goal_tokens: int) -> int:
     return max(128, min(1024, goal_tokens // 4))
 
 
+@dataclass(slots=True)
+class _Chain:
+    """The boundary keys of a conversation's last request, to resume from: the messages they
+    hashed (held, so that the same objects prove the same content: a reused parse hands the
+    next request the very objects, app/http/reuse.py) and, per boundary, the end of its unit,
+    the hash state after it and its key."""
+
+    messages: list[Mapping[str, Any]]
+    marks: list[tuple[int, Any, str]]  # (message end, hash state after it, key), per boundary
+
+
+CHAINS = 64  # conversations whose boundary keys are kept to resume from
+_chains: BoundedLRU[tuple[Any, ...], _Chain] = BoundedLRU(CHAINS)
+_chains_lock = threading.Lock()
+
+
 def boundary_keys(
     messages: Sequence[Mapping[str, Any]],
     plan: Plan,
@@ -53,18 +71,52 @@ def boundary_keys(
     A key hashes everything summarised up to its boundary, so it is the same on every replica
     and changes only when the summarised content does. Every boundary has one, not only the
     cuts of compaction events: a summary made ahead of an event (of the span it was predicted
-    to cut) is found by the event that cuts further, and updated from there.
+    to cut) is found by the event that cuts further, and updated from there. The keys of the
+    conversation's last request are resumed where its messages are the same objects: a long
+    conversation hashes only what it adds.
     """
     end = plan.cut if end is None else end
-    h = hashlib.sha256(f"{model}\0{prompt.version}\0".encode())
-    keys: list[tuple[int, str]] = []
-    for b in range(plan.head + 1, end + 1):
+    first = plan.units[plan.head].start if plan.head < len(plan.units) else len(messages)
+    whose = (model, prompt.version, first, id(messages[first]) if first < len(messages) else 0)
+    with _chains_lock:
+        chain = _chains.get(whose)
+    marks: list[tuple[int, Any, str]] = []
+    if chain is not None:
+        marks = _resumable(chain, messages, plan, end)
+    if marks:
+        h = marks[-1][1].copy()
+    else:
+        h = hashlib.sha256(f"{model}\0{prompt.version}\0".encode())
+    for b in range(plan.head + 1 + len(marks), end + 1):
         unit = plan.units[b - 1]
         for message in messages[unit.start : unit.end]:
             h.update(orjson.dumps(message, option=orjson.OPT_SORT_KEYS))
             h.update(b"\0")
-        keys.append((b, h.copy().hexdigest()))
-    return keys
+        marks.append((unit.end, h.copy(), h.hexdigest()))
+    if marks and (chain is None or len(marks) >= len(chain.marks)):
+        held = list(messages[: marks[-1][0]])
+        with _chains_lock:
+            _chains.put(whose, _Chain(held, marks))
+    return [(plan.head + 1 + i, key) for i, (_, _, key) in enumerate(marks)]
+
+
+def _resumable(
+    chain: _Chain, messages: Sequence[Mapping[str, Any]], plan: Plan, end: int
+) -> list[tuple[int, Any, str]]:
+    """The marks of `chain` that hold for `messages` and `plan` up to boundary `end`: the same
+    unit ends, over the same message objects."""
+    marks = chain.marks
+    n = 0
+    for i in range(min(len(marks), end - plan.head)):
+        if marks[i][0] != plan.units[plan.head + i].end:
+            break
+        n = i + 1
+    if not n:
+        return []
+    stop = marks[n - 1][0]
+    if stop > len(messages) or not all(map(operator.is_, chain.messages[:stop], messages[:stop])):
+        return []
+    return marks[:n]
 
 
 def span_keys(

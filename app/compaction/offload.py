@@ -7,10 +7,9 @@ import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-import orjson
-
 from app.compaction.engine import CompactionResult
 from app.compaction.planner import Plan
+from app.jsontext import messages_text
 
 # Planning bigger than this runs in a worker thread, so it never holds up the event loop.
 OFFLOAD_MESSAGES = 256
@@ -38,11 +37,9 @@ def is_large(messages: Sequence[Mapping[str, Any]]) -> bool:
     requests: many messages, or much text."""
     if len(messages) > OFFLOAD_MESSAGES:
         return True
-    try:  # the JSON is never shorter than the text in it: one C call settles most requests
-        if len(orjson.dumps(list(messages))) <= OFFLOAD_CHARS:
-            return False
-    except TypeError:
-        pass
+    text = messages_text(messages)  # never shorter than the text in it: settles most requests
+    if text is not None and len(text) <= OFFLOAD_CHARS:
+        return False
     return sum(_chars(m) for m in messages if isinstance(m, Mapping)) > OFFLOAD_CHARS
 
 

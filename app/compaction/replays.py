@@ -26,6 +26,8 @@ from typing import Any, Generic, TypeVar
 
 import orjson
 
+from app.jsontext import messages_text
+
 ENTRIES = 64  # conversations (and plan inputs) whose last replay is remembered
 MAX_BYTES = 64 * 1024 * 1024  # their JSON and state, in all
 STATE_BYTES_PER_UNIT = 256  # what an entry's replay state holds per unit, roughly
@@ -36,10 +38,7 @@ S = TypeVar("S")
 def json_text(messages: Sequence[Mapping[str, Any]]) -> bytes | None:
     """The messages as one JSON text (how entries are matched), or None when they are not
     plain JSON objects (such a plan is not remembered)."""
-    try:  # dict subclasses and other mappings are not serialised
-        return orjson.dumps(list(messages), option=orjson.OPT_PASSTHROUGH_SUBCLASS)
-    except TypeError:
-        return None
+    return messages_text(messages)  # dict subclasses and other mappings are not serialised
 
 
 @dataclass(frozen=True, slots=True)

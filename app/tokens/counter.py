@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 import orjson
 
+from app.jsontext import messages_text
 from app.tokens.calibration import (
     EXACT_BOUNDS,
     HEURISTIC_BOUNDS,
@@ -405,10 +406,8 @@ class ChatTokenCounter:
         """Raw counts (`fix` None) or counts calibrated with `fix`, taking those of the leading
         messages the conversation's last request had (calibrated too when `fix` is the same)."""
         listed = list(messages)
-        try:  # dict subclasses and other mappings are not serialised: counted one by one
-            text = orjson.dumps(listed, option=orjson.OPT_PASSTHROUGH_SUBCLASS)
-        except TypeError:
-            text = b""
+        # dict subclasses and other mappings are not serialised: counted one by one
+        text = messages_text(messages) or b""
         if not text:
             raw = [self.raw_message(encoding, m, model) for m in listed]
             return raw if fix is None else [_whole(fix.content * r + fix.per_message) for r in raw]

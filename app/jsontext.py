@@ -22,6 +22,12 @@ _recent: deque[tuple[Sequence[Any], bytes | None]] = deque(maxlen=RECENT)
 _lock = threading.Lock()
 
 
+def known_text(messages: Sequence[Mapping[str, Any]], text: bytes) -> None:
+    """`text` is orjson's text of `messages` (cut from the body they were parsed from)."""
+    with _lock:
+        _recent.append((messages, text))
+
+
 def messages_text(messages: Sequence[Mapping[str, Any]]) -> bytes | None:
     """`messages` as orjson's text of a list, or None when they are not plain JSON objects
     (dict subclasses and other mappings are not serialised)."""

@@ -42,6 +42,8 @@ def parse(bodies: ParsedBodies, raw: bytes) -> tuple[dict[str, Any], int]:
     else:
         check_chat_rest(reused)
         body = reused.body
+        # the history's text, cut from the bytes: what serialising it gives
+        assert reused.history_text(raw) == orjson.dumps(body["messages"])
     bodies.remember(raw, body, reused)
     return body, 0 if reused is None else reused.reused
 

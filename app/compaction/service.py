@@ -359,7 +359,10 @@ class CompactionService:
                 f"{preview.window}-token window",
                 param=HISTORY_PARAM[wire.api],
             )
-        view = {**preview.conversation.fixed, "messages": list(result.messages)}
+        # unchanged: the request's own list (never changed), whose JSON text is known already
+        # (app/jsontext.py)
+        shown = preview.conversation.messages if not result.applied else list(result.messages)
+        view = {**preview.conversation.fixed, "messages": shown}
         return Compacted(
             body=preview.forwarded,
             forward=orjson.dumps(preview.forwarded) if preview.changed else None,

@@ -47,6 +47,7 @@ class _Body:
     ends: list[int] | None = None
     checked: bool = False
     size: int = field(default=0)
+    opened: int = 0  # where the history's first item starts (right after its `[`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,16 +59,20 @@ class Reused:
     body: dict[str, Any]
     reused: int
     rest: dict[str, Any]
-    ends: list[int]  # where the reused items end in the new bytes (as in the old ones)
-    rest_at: int  # where the rest (after the reused items and their comma) starts
+    ends: list[int]  # where every item of the new bytes' history ends
+    opened: int  # where its first item starts (right after its `[`)
     entry: _Body  # the remembered body it extends
+
+    def history_text(self, raw: bytes) -> bytes:
+        """The history array's JSON text (orjson's text of it), cut from `raw`."""
+        return raw[self.opened - 1 : self.ends[-1] + 1]
 
 
 class ParsedBodies:
     """Remembered parses of one API's bodies, whose history is the array under `key`."""
 
     def __init__(self, key: str, entries: int = ENTRIES, max_bytes: int = MAX_BYTES) -> None:
-        self._key = key
+        self._key = self.key = key
         self._opening = b"{" + orjson.dumps(key) + b":["
         self._entries: OrderedDict[int, _Body] = OrderedDict()
         self._by_probe: dict[bytes, list[_Body]] = {}
@@ -123,7 +128,8 @@ class ParsedBodies:
         for name, value in rest.items():
             if name != self._key:
                 body[name] = value
-        return Reused(body, k, rest, entry.ends[:k], rest_at, entry)
+        ends = [*entry.ends[:k], *_item_ends(rest[self._key], rest_at, orjson.dumps)]
+        return Reused(body, k, rest, ends, entry.opened, entry)
 
     def remember(self, raw: bytes, body: dict[str, Any], reused: Reused | None = None) -> None:
         """Keep `body` (parsed from `raw`, checked) for the requests that extend it. Where its
@@ -134,7 +140,7 @@ class ParsedBodies:
         entry = _Body(raw, body, size=len(raw) * PARSED_FACTOR)
         extended = None
         if reused is not None:
-            entry.ends, entry.checked = self._extended(reused), True
+            entry.ends, entry.opened, entry.checked = reused.ends, reused.opened, True
             extended = reused.entry if reused.reused == len(reused.entry.ends or ()) else None
         with self._lock:
             if extended is not None:  # a conversation keeps its last request (not a branch)
@@ -161,29 +167,20 @@ class ParsedBodies:
         """Where each item of `entry`'s history ends in its bytes (once: None when its bytes
         are not orjson's text of its body)."""
         if not entry.checked:
-            entry.ends = self._canonical_ends(entry.raw, entry.body)
             entry.checked = True
-        return entry.ends
-
-    def _canonical_ends(self, raw: bytes, body: dict[str, Any]) -> list[int] | None:
-        try:
-            if orjson.dumps(body) != raw:
+            try:
+                if orjson.dumps(entry.body) != entry.raw:
+                    return None
+            except TypeError:
                 return None
-        except TypeError:
-            return None
-        before: dict[str, Any] = {}
-        for name, value in body.items():
-            if name == self._key:
-                break
-            before[name] = value
-        head = orjson.dumps({**before, self._key: []})  # `{...,"key":[]}`
-        return _item_ends(body[self._key], len(head) - 2, orjson.dumps)
-
-    def _extended(self, reused: Reused) -> list[int]:
-        """The item ends of a body parsed from a remembered one: the reused items', then the
-        new ones', laid out in the rest (whose text is canonical) from where it starts."""
-        new = _item_ends(reused.rest[self._key], reused.rest_at, orjson.dumps)
-        return [*reused.ends, *new]
+            before: dict[str, Any] = {}
+            for name, value in entry.body.items():
+                if name == self._key:
+                    break
+                before[name] = value
+            entry.opened = len(orjson.dumps({**before, self._key: []})) - 2  # `{…,"key":[]}`
+            entry.ends = _item_ends(entry.body[self._key], entry.opened, orjson.dumps)
+        return entry.ends
 
     def _touch(self, entry: _Body) -> None:
         if id(entry) in self._entries:

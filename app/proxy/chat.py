@@ -38,6 +38,7 @@ CHAT_API = Api(
     parse_body=parse_chat_body,
     history="messages",
     check_rest=check_chat_rest,
+    history_is_view=True,
     stream_usage=ask_stream_usage,
     restore=ChatDialect(),
 )

@@ -23,6 +23,7 @@ from starlette.responses import Response
 from app.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
 from app.http.body import read_body
 from app.http.reuse import ParsedBodies, Reused
+from app.jsontext import known_text
 from app.proxy.relay import RelayResponse, RelayResult, buffered_response
 from app.proxy.restore import Dialect, RestoreLoop, Send, follow_json, offer, restore_headers
 from app.proxy.restore_stream import follow_stream
@@ -61,6 +62,7 @@ class Api:
     # checks `parse_body` makes on a body parsed from a remembered one, of what was parsed now.
     history: str | None = None
     check_rest: Callable[[Reused], None] | None = None
+    history_is_view: bool = False  # the adapter plans on that very list (chat)
     usage: Callable[[Any], Usage | None] = Usage.from_json  # a JSON answer's `usage` value
     stream_usage: StreamUsage | None = None  # ask a stream for usage (None: it always has it)
     error_body: Callable[[ProxyError], dict[str, Any]] = openai_error_body  # the error envelope
@@ -223,6 +225,8 @@ class ApiService:
         else:
             check(reused)
             body = reused.body
+            if self.api.history_is_view:  # the history's text: in `raw` already
+                known_text(body[bodies.key], reused.history_text(raw))
         bodies.remember(raw, body, reused)
         return body
 

@@ -14,6 +14,7 @@ import orjson
 import pytest
 
 from app.compaction.offload import OFFLOAD_CHARS, OFFLOAD_MESSAGES, is_large
+from app.compaction.service import INLINE_COVERED_MESSAGES
 from app.factory import create_app
 from tests.conftest import make_settings
 from tests.fake_upstream import FakeUpstream
@@ -86,3 +87,28 @@ async def test_healthz_answers_during_a_32_mib_compaction(
     gaps = [later - earlier for earlier, later in pairwise(beats)]
     assert len(beats) >= 5
     assert max(gaps) < LONGEST_GAP_SHARE * outcome["seconds"], (max(gaps), outcome["seconds"])
+
+
+async def test_a_large_history_a_replay_covers_is_planned_inline(
+    tmp_path: Path, fake: FakeUpstream
+) -> None:
+    """A hop to a worker thread costs more than a conversation's next request's work (it
+    counts, replays and renders only what it added). A large history is planned inline once a
+    remembered replay covers all but a little of it, unless it is huge; a cold one, an edited
+    one and a huge one go to a worker thread."""
+    app = create_app(make_settings(tmp_path), transport=httpx.ASGITransport(app=fake.app))
+    compactor = app.state.inflight.compactor
+    chat = huge_chat(messages=2400, words=20)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://p") as client:
+            for size in (400, 1500):
+                history = chat[:size]
+                assert is_large(history)
+                assert compactor._heavy(history)  # cold: nothing remembered
+                body = orjson.dumps({"model": "gpt-4o", "messages": history})
+                assert (await client.post("/v1/chat/completions", content=body)).status_code == 200
+                grown = chat[: size + 2]
+                assert compactor._heavy(grown) == (size + 2 > INLINE_COVERED_MESSAGES)
+                edited = [{**history[0], "content": "Be verbose."}, *history[1:]]
+                assert compactor._heavy(edited)

@@ -89,6 +89,13 @@ class ReplayCache(Generic[S]):
                 self._entries.move_to_end(id(best))
             return best
 
+    def covers(self, text: bytes, slack: int) -> bool:
+        """Whether some entry's messages are the messages of `text` but at most `slack` bytes
+        (whatever its plan inputs): what is left to replay is that little."""
+        with self._lock:
+            entries = list(self._entries.values())
+        return any(len(text) - len(e.text) <= slack and text.startswith(e.text) for e in entries)
+
     def store(self, entry: Saved[S], replacing: Saved[S] | None = None) -> None:
         """Remember `entry`, in place of `replacing` (the entry it extends: a conversation
         keeps one entry per plan inputs); the least recently used go past the bounds."""

@@ -23,7 +23,7 @@ from app.compaction.cuts import Cut, cuts_of
 from app.compaction.engine import CompactionResult, compact, marker_tokens
 from app.compaction.formats import ApiName, Conversation, WireFormat
 from app.compaction.formats.chat import ChatFormat
-from app.compaction.offload import as_received, is_large, offload, run_off
+from app.compaction.offload import OFFLOAD_CHARS, as_received, is_large, offload, run_off
 from app.compaction.planner import MessageCounter, Plan, plan
 from app.compaction.policy import (
     Budget,
@@ -46,6 +46,7 @@ from app.compaction.summary.request import (
 from app.compaction.summary.rolling import Summaries, summary_budget
 from app.compaction.summary.stand_in import without_summary
 from app.errors import BadRequest, ContextLengthExceeded, ProxyError
+from app.jsontext import messages_text
 from app.settings import LedgerMode, OnOverflow, Settings
 from app.tokens.counter import TokenCounter, count_within
 from app.windows.overflow import OverflowInfo, parse_overflow
@@ -62,6 +63,9 @@ HISTORY_PARAM: dict[ApiName, str] = {
 }
 
 logger = logging.getLogger(__name__)
+# A request whose history a remembered replay covers (but a little) is planned inline up to
+# this many messages: see `CompactionService._heavy`.
+INLINE_COVERED_MESSAGES = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,7 +249,7 @@ class CompactionService:
         state: the summary stands for the cut span when it is cached (or, in wait mode, made
         for this request), else nothing does (DESIGN.md §12)."""
         messages = job.conversation.messages
-        off = partial(run_off, is_large(messages))  # where this request's work runs, settled once
+        off = partial(run_off, self._heavy(messages))  # where this request's work runs, once
         replays = None
         if self._replays is not None:
             replays = Replays(self._replays, partial(self._counter.counting, job.model))
@@ -300,6 +304,19 @@ class CompactionService:
             return job.rendered(result, summary.usage, why, state)
 
         return await off(stood_in)
+
+    def _heavy(self, messages: Sequence[Mapping[str, Any]]) -> bool:
+        """Whether this request's counting, planning and rendering may hold up the event loop:
+        a large history (`is_large`), unless a replay remembered covers all of it but a little
+        (a conversation's next request counts, replays and renders only what it adds) and it is
+        not huge (an event prices every unit since the last one). A hop to a worker thread
+        costs more than such a request's work."""
+        if not is_large(messages):
+            return False
+        replays, text = self._replays, messages_text(messages)
+        if replays is None or text is None or len(messages) > INLINE_COVERED_MESSAGES:
+            return True
+        return not replays.covers(text, OFFLOAD_CHARS // 4)
 
     def _budget(self, controls: Controls, window: int, reserve: int) -> Budget:
         threshold = controls.threshold or self._settings.threshold

@@ -98,6 +98,8 @@ class Settings(BaseSettings):
     summary_concurrency: int = Field(1, ge=1)  # background summaries in flight, per process
     summary_upstream_url: str | None = None  # summaries go here instead of the request's upstream
     summary_when_idle: bool = True  # start one only when its upstream has no client request
+    # a prefix's summary covering this share of an event's span stands in for it (1: never)
+    summary_partial: float = Field(0.5, ge=0, le=1)
     # Nothing lost (DESIGN.md §11).
     ledger: LedgerMode = LedgerMode.META
     ledger_ttl: float = Field(24 * 3600.0, gt=0)  # seconds a ledger row is kept

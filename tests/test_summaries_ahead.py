@@ -110,8 +110,10 @@ async def test_an_event_past_the_likeliest_cut_finds_its_summary_made(
 ) -> None:
     """The turn that crosses the threshold is bigger than the others: it cuts further than a
     turn like the last one would. Summarised ahead at one cut, the event misses its summary
-    (`pending`: one more prompt change when it lands); at two, the second is its span."""
-    app, client = await open_app(summary_ahead=0.65, summary_ahead_cuts=cuts)
+    (`pending`: one more prompt change when it lands); at two, the second is its span. (The
+    one cut's summary, of a prefix of the span, would stand in for it: partial stand-ins off,
+    to see the span's own.)"""
+    app, client = await open_app(summary_ahead=0.65, summary_ahead_cuts=cuts, summary_partial=1)
     messages = bigger_turn(40, 12, 500)
     for k in request_points(messages):
         response = await send(client, messages[:k])

@@ -39,6 +39,9 @@ class Preview:
     summary_state: SummaryState | None = None  # when the request's event needed a summary
     starts: tuple[Callable[[], object], ...] = ()  # the background summaries it starts
     after: tuple[Callable[[], object], ...] = ()  # what starts once its answer is on its way
+    # a partial stand-in (app/compaction/summary/partial.py): the share of the cut span's
+    # tokens its summary covers
+    summary_covers: float | None = None
 
     def start_background(self) -> None:
         """Start the background summaries this request asked for (once)."""
@@ -106,13 +109,16 @@ def preview_report(preview: Preview) -> dict[str, Any]:
 
 def _summary(preview: Preview) -> dict[str, Any]:
     """The preview's `summary` object: what this request's summary was (`summary_outcome`,
-    `pending` while it is made in the background) and its `X-Compaction-Summary` `state`."""
+    `pending` while it is made in the background), its `X-Compaction-Summary` `state`, and
+    `partial` when the summary of a prefix of the span stands in (the share it covers)."""
     result, state = preview.result, preview.summary_state
     outcome = summary_outcome(result.applied, preview.summary_usage.calls, preview.fallback)
     if state == "pending":
         outcome["status"] = "pending"
     if state is not None:
         outcome["state"] = state
+    if preview.summary_covers is not None:
+        outcome["partial"] = {"covers": round(preview.summary_covers, 4)}
     return outcome
 
 

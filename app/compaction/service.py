@@ -34,13 +34,14 @@ from app.compaction.policy import (
     resolve_pipeline,
 )
 from app.compaction.replays import ReplayCache, Replays
-from app.compaction.report import Preview, SummaryState, report_headers
+from app.compaction.report import Preview, report_headers
 from app.compaction.summary.background import BackgroundSummaries
 from app.compaction.summary.prompt import SummaryUsage
 from app.compaction.summary.request import (
     Asked,
     CompleterFactory,
     RequestSummaries,
+    StandIn,
     UpstreamOf,
 )
 from app.compaction.summary.rolling import Summaries, summary_budget
@@ -167,9 +168,11 @@ class CompactionService:
         summary_model = controls.summary_model or self._settings.summary_model or model
         job = _Job(
             wire, cleaned, _view(wire, cleaned), model, summary_model, base_url, headers,
-            self._counter, *self._keeping(controls), wait=self._waits(controls), ahead=forwarding,
+            self._counter, *self._keeping(controls), wait=self._waits(controls),
+            forwarded=forwarding,
         )  # fmt: skip
         outcome, error = await self._outcome(job, pipeline, budget)
+        stand = outcome.stand
         preview = Preview(
             cleaned,
             outcome.forwarded,
@@ -182,12 +185,13 @@ class CompactionService:
             self._counter.is_exact(model),
             self._counter.encoding_name(model),
             outcome.usage,
-            outcome.fallback,
+            stand.why if stand is not None else None,
             summary_model,
             error,
-            outcome.state,
+            stand.state if stand is not None else None,
             tuple(job.later),
             tuple(job.after),
+            stand.covers if stand is not None else None,
         )
         if not forwarding:
             preview.start_background()
@@ -293,15 +297,15 @@ class CompactionService:
         if not the_plan.summarize:
             return await off(lambda: job.rendered(compaction(summary="")))
         summary = await summarizing.job(asked, the_plan, reserved)
-        text, state, why = await summarizing.stand_in(asked, summary)
+        stand = await summarizing.stand_in(asked, summary)
 
         def stood_in() -> _Outcome:
-            result = compaction(summary=text)
-            if text is None:
+            result = compaction(summary=stand.text)
+            if stand.text is None:
                 result = without_summary(
                     result, pipeline, planned_size, budget, job.count, marked=job.restore
                 )
-            return job.rendered(result, summary.usage, why, state)
+            return job.rendered(result, summary.usage, stand)
 
         return await off(stood_in)
 
@@ -499,7 +503,7 @@ class _Job:
     restore: bool = False  # a marker stands for every cut; markers' refs resolved (§11)
     counted: dict[int, int] = field(default_factory=dict)  # see count_within
     wait: bool = False  # a compaction event waits for its summary (§12)
-    ahead: bool = False  # summaries ahead of the next event may start (a forwarded request)
+    forwarded: bool = False  # not a preview: see `Asked.forwarded`
     later: list[Callable[[], object]] = field(default_factory=list)  # see `Asked.later`
     after: list[Callable[[], object]] = field(default_factory=list)  # see `Asked.after`
 
@@ -518,7 +522,7 @@ class _Job:
             self.wire.api,
             self.count,
             self.wait,
-            self.ahead,
+            self.forwarded,
             self.later,
             self.after,
         )
@@ -531,16 +535,16 @@ class _Job:
         self,
         result: CompactionResult,
         usage: SummaryUsage | None = None,
-        fallback: str | None = None,
-        state: SummaryState | None = None,
+        stand: StandIn | None = None,
     ) -> _Outcome:
-        """The outcome of `result`: the body rendered back by the adapter when it changed."""
+        """The outcome of `result`: the body rendered back by the adapter when it changed;
+        `stand`: what stood for its cut span, when its event needed a summary."""
         forwarded = (
             self.wire.render(self.body, self.conversation, result.messages, result.sources)
             if result.applied
             else self.body
         )
-        return _Outcome(result, forwarded, usage or SummaryUsage(), fallback, state)
+        return _Outcome(result, forwarded, usage or SummaryUsage(), stand)
 
 
 @dataclass(frozen=True, slots=True)
@@ -548,8 +552,7 @@ class _Outcome:
     result: CompactionResult
     forwarded: dict[str, Any]
     usage: SummaryUsage = field(default_factory=SummaryUsage)
-    fallback: str | None = None
-    state: SummaryState | None = None  # `X-Compaction-Summary`, when the event needed one
+    stand: StandIn | None = None  # what stood for the cut span, when the event needed a summary
 
 
 def _view(wire: WireFormat, body: dict[str, Any]) -> Conversation:

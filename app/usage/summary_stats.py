@@ -60,6 +60,10 @@ class SummaryStats:
     fallbacks: dict[str, int] = field(default_factory=dict)  # requests that fell back, by reason
     since: float = field(default_factory=time.time)
     background: BackgroundCounts = field(default_factory=BackgroundCounts)
+    # partial stand-ins (app/compaction/summary/partial.py): the events this process chose one
+    # for, and the requests one stood in for (on every replica's choice)
+    partial_events: int = 0
+    partial_requests: int = 0
 
     def failed(self, reason: str) -> None:
         self.failures[reason] = self.failures.get(reason, 0) + 1
@@ -77,6 +81,7 @@ class SummaryStats:
             "fallbacks": dict(self.fallbacks),
             "since": round(self.since, 3),
             "background": self.background.snapshot(),
+            "partial": {"events": self.partial_events, "requests": self.partial_requests},
         }
 
 

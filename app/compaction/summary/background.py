@@ -55,8 +55,8 @@ class BackgroundSummaries:
         self._started: set[str] = set()
         self._predicting: set[asyncio.Task[None]] = set()  # next events being worked out
         self._closing = False
-        self._stats = stats if stats is not None else SummaryStats()
-        self.counts = self._stats.background
+        self.stats = stats if stats is not None else SummaryStats()
+        self.counts = self.stats.background
 
     def pending(self, key: str) -> bool:
         """Whether the summary of `key` is being made (or waits to be) in this process."""
@@ -130,7 +130,7 @@ class BackgroundSummaries:
         self._predicting.discard(task)
         if not task.cancelled() and task.exception() is not None:  # not lost: logged, counted
             self.counts.failed += 1
-            self._stats.failed("error")
+            self.stats.failed("error")
             logger.error("predicting the next event failed", exc_info=task.exception())
 
     async def _run(self, job: SummaryJob, keys: list[tuple[int, str]]) -> None:
@@ -161,7 +161,7 @@ class BackgroundSummaries:
                 self.counts.skip("shutdown")
         elif task.exception() is not None:  # not lost: logged and counted
             self.counts.failed += 1
-            self._stats.failed("error")
+            self.stats.failed("error")
             logger.error("background summary task failed", exc_info=task.exception())
 
     async def _until_idle(self, upstream: str) -> bool:
@@ -197,11 +197,11 @@ class BackgroundSummaries:
             self.counts.failed += 1
             complete = job.complete
             if isinstance(complete, CountedCompleter) and _answered(complete):
-                self._stats.failed("invalid_answer")  # 2xx, but no usable summary
+                self.stats.failed("invalid_answer")  # 2xx, but no usable summary
             logger.warning("background summary for %s failed: %s", job.model, exc)
         except Exception:
             self.counts.failed += 1
-            self._stats.failed("error")
+            self.stats.failed("error")
             self._summaries.mark_failed(job)
             logger.exception("background summary for %s failed", job.model)
         finally:

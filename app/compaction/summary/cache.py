@@ -2,7 +2,8 @@
 
 Summaries are the only thing inflight remembers (DESIGN.md §4.7). The cache also makes
 concurrent identical summary requests share one upstream call: in-process with one future per
-key, across replicas with a short Redis lock that the others wait on.
+key, across replicas with a short Redis lock that the others wait on; and it holds what a
+compaction event chose to stand for its span (`add`: the first writer wins, on every replica).
 """
 
 from __future__ import annotations
@@ -24,6 +25,14 @@ if redis.call("get", KEYS[1]) == ARGV[1] then
 end
 return 0
 """
+SET_IF_ABSENT = """
+local found = redis.call("get", KEYS[1])
+if found then
+    return found
+end
+redis.call("set", KEYS[1], ARGV[1], "EX", ARGV[2])
+return false
+"""
 
 
 class SummaryCache(Protocol):
@@ -35,6 +44,10 @@ class SummaryCache(Protocol):
         """The values of `keys`, in order (one round trip where the cache is remote)."""
 
     async def set(self, key: str, value: str) -> None: ...
+
+    async def add(self, key: str, value: str) -> str | None:
+        """Set `key` to `value` unless it holds a value already: None when it was set, else
+        the value it holds (the first writer's: replicas that race agree on one)."""
 
     async def lock(self, key: str, ttl: float) -> str | None:
         """Try to become the one replica computing `key`: the owner's token when acquired."""
@@ -60,6 +73,12 @@ class MemoryCache:
 
     async def set(self, key: str, value: str) -> None:
         self._data.put(key, value)
+
+    async def add(self, key: str, value: str) -> str | None:
+        found = await self.get(key)
+        if found is None:
+            self._data.put(key, value)
+        return found
 
     async def lock(self, key: str, ttl: float) -> str | None:
         return "local"  # the in-process single flight already serialises this process
@@ -92,6 +111,11 @@ class RedisCache:
 
     async def set(self, key: str, value: str) -> None:
         await self._redis.set(PREFIX + key, value, ex=self._ttl)
+
+    async def add(self, key: str, value: str) -> str | None:
+        # read and write in one step: of two replicas adding at once, one sets, one finds it
+        found = await self._redis.eval(SET_IF_ABSENT, 1, PREFIX + key, value, self._ttl)
+        return found if isinstance(found, str) else None
 
     async def lock(self, key: str, ttl: float) -> str | None:
         token = secrets.token_hex(16)
@@ -141,6 +165,10 @@ class SummaryFlight:
     async def cached_many(self, keys: Sequence[str]) -> list[str | None]:
         """The finished values of `keys`, in order (None where there is none)."""
         return await self._cache.get_many(keys)
+
+    async def add(self, key: str, value: str) -> str | None:
+        """`value` under `key` unless it holds one already: None when set, else the value."""
+        return await self._cache.add(key, value)
 
     def computing(self, key: str) -> bool:
         """Whether this process is computing `key` right now."""

@@ -1,6 +1,7 @@
 """The summary a request's compaction event needs (DESIGN.md §12): cached, waited for (wait
-mode), or made in the background while the request is served without it; and, near the
-threshold, the summaries of the spans the next event is likeliest to cut, started ahead of it."""
+mode), or made in the background while the request is served without it or with the summary
+of a prefix of its span (partial.py); and, near the threshold, the summaries of the spans the
+next event is likeliest to cut, started ahead of it."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from app.compaction.policy import Budget
 from app.compaction.report import SummaryState
 from app.compaction.summary.ahead import Replan, next_events
 from app.compaction.summary.background import BackgroundSummaries
+from app.compaction.summary.partial import OWN, Chosen, covered
 from app.compaction.summary.prompt import Completer, SummaryFailed
 from app.compaction.summary.rolling import Summaries, SummaryJob, boundary_keys
 from app.lru import BoundedLRU
@@ -38,11 +40,20 @@ PROMPT_OVERHEAD = 700  # the summary prompt's own instructions, in tokens
 # the goal to the trigger (or its cuts moved); conversations remembered for that, at most:
 PREDICT_STEP = 1 / 16
 PREDICTED_CONVERSATIONS = 4096
-# What a request's summary and its outcome come to: the text (None: not there), its state
-# for `X-Compaction-Summary`, and why it failed when it did.
-StandIn = tuple[str | None, SummaryState, str | None]
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class StandIn:
+    """What stands for a request's cut span: the summary text (None: nothing), its state for
+    `X-Compaction-Summary`, why it failed when it did, and the share of the span's tokens the
+    summary covers when it is a prefix's (partial.py)."""
+
+    text: str | None
+    state: SummaryState
+    why: str | None = None
+    covers: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +68,9 @@ class Asked:
     api: ApiName
     count: MessageCounter
     wait: bool  # the request waits for its summary (wait mode)
-    ahead: bool = True  # it is forwarded: summaries ahead of its next event may start
+    # it is forwarded (not a preview, which only looks): summaries ahead of its next event may
+    # start, and the stand-in chosen for its span is recorded
+    forwarded: bool = True
     # Background summaries this request starts, once its compaction is done: its own upstream
     # request is in flight by the time they look whether that upstream is idle.
     later: list[Callable[[], object]] = field(default_factory=list)
@@ -117,7 +130,7 @@ class RequestSummaries:
         that many are in the making per conversation; a prediction that moves on starts only
         the spans not in the making already (a rolling update from the nearest one made)."""
         background = self.background
-        if background is None or asked.wait or not asked.ahead:
+        if background is None or asked.wait or not asked.forwarded:
             return
         if the_plan.tokens_after < self._settings.summary_ahead * budget.budget:
             return
@@ -198,37 +211,80 @@ class RequestSummaries:
             background.submit_ahead(start)
 
     async def stand_in(self, asked: Asked, job: SummaryJob) -> StandIn:
-        """The summary of `job`'s span for this request: cached; else, in wait mode, made now;
-        else being made in the background (`pending`) — or `failed`, backed off."""
-        summaries = self._summaries
+        """The summary of `job`'s span for this request: cached (its own, or the partial
+        stand-in chosen for it); else, in wait mode, made now; else being made in the
+        background (`pending`) — or `failed`, backed off."""
+        summaries, background = self._summaries, self.background
         keys = summaries.keys(job)
-        cached = await summaries.cached(job.key)
-        if cached is not None:
-            return cached, "cached", None
-        if asked.wait or self.background is None:
+        if asked.wait or background is None:
+            cached = await summaries.cached(job.key)
+            if cached is not None:
+                return StandIn(cached, "cached")
             return await self._waited(job, keys, asked.model)
+        chosen: Chosen | None = OWN
+        if self._settings.summary_partial < 1:
+            chosen, own = await summaries.standing(job.key)
+            if chosen is None and own is None:
+                chosen = await self._choose(asked, job, keys)
+        else:
+            own = await summaries.cached(job.key)
+        if chosen is not None and chosen.partial:
+            if own is None and not summaries.failed_recently(job.key):
+                self._later(asked, job, keys)  # the next event's rolling update starts from it
+            if asked.forwarded:
+                background.stats.partial_requests += 1
+            return StandIn(chosen.summary, "cached", covers=chosen.covers)
+        if own is not None:
+            return StandIn(own, "cached")
         if summaries.failed_recently(job.key):
             why = "the summary of this span failed recently; not retried yet"
             count_fallback(job.complete, SummaryFailed(why))
-            return None, "failed", why
-        if self.background.full() and not self.background.pending(job.key):
-            return None, "failed", "too many summaries waiting to be made"
-        asked.later.append(partial(self.background.submit, job, keys))
-        return None, "pending", None
+            return StandIn(None, "failed", why)
+        if not self._later(asked, job, keys):
+            return StandIn(None, "failed", "too many summaries waiting to be made")
+        return StandIn(None, "pending")
+
+    async def _choose(self, asked: Asked, job: SummaryJob, keys: list[tuple[int, str]]) -> Chosen:
+        """What stands for `job`'s span, whose own summary is not made: the newest summary
+        cached of a prefix of it when that prefix holds `SUMMARY_PARTIAL` of its tokens, else
+        its own summary (once made). Recorded unless this is a preview; the first choice
+        recorded (by any request, on any replica) is the one that stands."""
+        chosen = OWN
+        nearest = await self._summaries.nearest(keys)
+        if nearest is not None:
+            end, summary = nearest
+            share = covered(asked.messages, job.plan, end, asked.count)
+            if share >= self._settings.summary_partial:
+                chosen = Chosen(summary, share)
+        if not asked.forwarded:
+            return chosen
+        kept, recorded = await self._summaries.choose(job.key, chosen)
+        if recorded and chosen.partial and self.background is not None:
+            self.background.stats.partial_events += 1
+        return kept
+
+    def _later(self, asked: Asked, job: SummaryJob, keys: list[tuple[int, str]]) -> bool:
+        """Have `job`'s summary made in the background once this request is compacted; False
+        when it cannot be (too many waiting)."""
+        background = self.background
+        if background is None or (background.full() and not background.pending(job.key)):
+            return False
+        asked.later.append(partial(background.submit, job, keys))
+        return True
 
     async def _waited(self, job: SummaryJob, keys: list[tuple[int, str]], model: str) -> StandIn:
         """Wait mode: the summary made for this request, bounded by `SUMMARY_TIMEOUT`."""
         deadline = self._settings.summary_timeout
         try:
             async with asyncio.timeout(deadline):
-                return await self._summaries.summary_for(job, keys), "ready", None
+                return StandIn(await self._summaries.summary_for(job, keys), "ready")
         except (SummaryFailed, TimeoutError) as exc:
             if isinstance(exc, TimeoutError):
                 self._summaries.mark_failed(job)
             why = str(exc) if isinstance(exc, SummaryFailed) else f"summary took over {deadline:g}s"
             reason = count_fallback(job.complete, exc)  # counted in /stats and /metrics
             logger.warning("summary failed (%s) for %s, none stands in: %s", reason, model, why)
-            return None, "failed", why
+            return StandIn(None, "failed", why)
 
 
 def _server(url: str) -> tuple[str, str]:

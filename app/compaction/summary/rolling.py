@@ -24,6 +24,7 @@ import orjson
 
 from app.compaction.planner import Plan, render_span
 from app.compaction.summary.cache import SummaryFlight
+from app.compaction.summary.partial import Chosen, record_key
 from app.compaction.summary.prompt import (
     Completer,
     SummaryFailed,
@@ -178,6 +179,30 @@ class Summaries:
         """The summary of `key` when it is made already."""
         return await self._flight.cached(key)
 
+    async def standing(self, key: str) -> tuple[Chosen | None, str | None]:
+        """What was chosen to stand for the span of `key` (app/compaction/summary/partial.py),
+        and its own summary when made — in one cache round trip."""
+        record, own = await self._flight.cached_many([record_key(key), key])
+        return (None if record is None else Chosen.decode(record)), own
+
+    async def choose(self, key: str, chosen: Chosen) -> tuple[Chosen, bool]:
+        """Record `chosen` for the span of `key` unless a choice is recorded already (by
+        another request or replica): the one that stands, and whether it is this one."""
+        found = await self._flight.add(record_key(key), chosen.encode())
+        if found is None:
+            return chosen, True
+        return Chosen.decode(found) or chosen, False  # a record that is none: this choice
+
+    async def nearest(self, keys: list[tuple[int, str]]) -> tuple[int, str] | None:
+        """(b, summary) of the newest summary cached at a boundary b before the last of
+        `keys` (an earlier event's cut, or a span summarised ahead): one cache round trip."""
+        earlier = keys[:-1]
+        found = await self._flight.cached_many([key for _, key in earlier])
+        for (end, _), cached in zip(reversed(earlier), reversed(found), strict=True):
+            if cached is not None:
+                return end, cached
+        return None
+
     def computing(self, key: str) -> bool:
         """Whether this process is making the summary of `key` right now."""
         return self._flight.computing(key)
@@ -216,14 +241,8 @@ class Summaries:
         (an earlier event's cut, or a span summarised ahead) updated with everything cut
         since, in as few chunks as fit the summariser — a loop, never a recursion, however
         many events the history holds. One cache round trip finds it."""
-        previous: str | None = None
-        start = job.plan.head
-        earlier = keys[:-1]
-        found = await self._flight.cached_many([key for _, key in earlier])
-        for (end, _), cached in zip(reversed(earlier), reversed(found), strict=True):
-            if cached is not None:
-                previous, start = cached, end
-                break
+        nearest = await self.nearest(keys)
+        start, previous = (job.plan.head, None) if nearest is None else nearest
         # What leaves the prompt, as the prompt showed it (pruned outputs as placeholders).
         span = render_span(job.messages, job.plan, start, job.plan.cut)
         return await self._summarize(job, span, previous)

@@ -1,7 +1,8 @@
 """Summaries off the request path (DESIGN.md §12), before and after: the transcripts replayed
 turn by turn through real proxy processes against a fake upstream whose summary calls are slow,
 with wait mode on (`INFLIGHT_SUMMARY_WAIT=true`: each compaction event waits for its summary,
-the old way) and off (the default: summaries made in the background) side by side.
+the old way) and off (the default: summaries made in the background), the latter without
+partial stand-ins (`INFLIGHT_SUMMARY_PARTIAL=1`) and with them (the default), side by side.
 
 Reported per mode: per-request latency (p50/p99/max), compaction events counted as prompt
 changes (requests whose forwarded prompt does not extend the previous one: the events, plus
@@ -24,7 +25,7 @@ import httpx
 
 from app.tokens.counter import ChatTokenCounter
 from app.tokens.encodings import load_encodings
-from bench.ahead import reachable
+from bench.ahead import PARTIAL, reachable
 from bench.procs import process, proxy_process
 from tests.conversations import common_prefix
 from tests.support import free_port, load_traces, request_points
@@ -113,12 +114,11 @@ def _ms(values: Sequence[float], q: float) -> str:
 
 MODES = {
     "wait": {"INFLIGHT_SUMMARY_WAIT": "true"},
-    "background, one cut ahead from 0.65 (before)": {
+    "background, no partial stand-ins (before: SUMMARY_PARTIAL=1)": {
         "INFLIGHT_SUMMARY_WAIT": "false",
-        "INFLIGHT_SUMMARY_AHEAD": "0.65",
-        "INFLIGHT_SUMMARY_AHEAD_CUTS": "1",
+        "INFLIGHT_SUMMARY_PARTIAL": "1",
     },
-    "background, two cuts ahead from 0.55 (after: the defaults)": {
+    "background, partial stand-ins from 0.5 (after: the defaults)": {
         "INFLIGHT_SUMMARY_WAIT": "false",
     },
 }
@@ -168,14 +168,16 @@ def _window(window: int, traces: Sequence[tuple[str, list[dict[str, Any]]]]) -> 
         verdicts.append(
             f"{name}: {r.changes} against {waited} waiting, {ratio:.2f}× — {within} 1.5×"
         )
-    events, sent = reachable(window, LEAD)
-    best = 2 * events - sent
+    events, sent, prefixed = reachable(window, LEAD)
+    best = 2 * events - sent - prefixed
     bound = (
-        f"At best (offline, `bench/ahead.py`): {sent} of the {events} events cut only what the "
-        f"client had sent {LEAD} requests before (the others need a summary of a turn sent one "
-        f"request before the event, which a {SUMMARY_SECONDS:g} s summary cannot finish in a "
-        f"{ANSWER_SECONDS:g} s answer), so no summary made ahead gets below {best} prompt "
-        f"changes, {best / max(1, events):.2f}× the events."
+        f"At best (offline, `bench/ahead.py`): of the {events} events, {sent} cut only what the "
+        f"client had sent {LEAD} requests before, and {prefixed} more a span of which the "
+        f"client had sent a prefix holding at least {PARTIAL:g} of its tokens (that prefix's "
+        f"summary may stand in); the others need a summary of a turn sent one request before "
+        f"the event, which a {SUMMARY_SECONDS:g} s summary cannot finish in a "
+        f"{ANSWER_SECONDS:g} s answer, so no policy gets below {best} prompt changes, "
+        f"{best / max(1, events):.2f}× the events."
     )
     summary = "Prompt changes in the background — " + "; ".join(verdicts) + "."
     return "\n".join(lines) + "\n\n" + summary + " " + bound

@@ -8,7 +8,7 @@ and the forwarded prompt keeps DESIGN.md §4's invariants."""
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,6 @@ from tests.conftest import make_settings
 from tests.conversations import conversations, follows_strict_rule, simple_count, summary_in
 from tests.fake_anthropic_upstream import SUMMARY_REPLY, FakeAnthropic, rule_violations
 from tests.fake_upstream import FakeUpstream
-from tests.redis_server import redis_url
 from tests.support import request_points
 from tests.test_anthropic_route import ANTHROPIC, agent_body, post
 from tests.test_background_summaries import (
@@ -48,6 +47,7 @@ from tests.test_background_summaries import (
     forwarded,
     never,
     open_app,  # noqa: F401 (a fixture)
+    redis,  # noqa: F401 (a fixture)
     send,
     until,
 )
@@ -83,19 +83,27 @@ async def next_event(
     raise AssertionError("the cut never moved")
 
 
+async def second_event(
+    app: Any, client: httpx.AsyncClient, fake: FakeUpstream
+) -> tuple[int, httpx.Response, list[dict[str, Any]]]:
+    """A session's first event (nothing made to stand in: `pending`) and its summary made,
+    then requests until the next event, whose own summary the stalled summariser holds: the
+    point of that event, its response, and the last prompt before it."""
+    fake.summary_failure = "stall"  # the summariser answers only when the test says so
+    k1, first = await first_event(client, MESSAGES)
+    assert first.headers["x-compaction-summary"] == "pending"
+    fake.unstall.set()
+    await until(lambda: background_of(app).counts.made == 1)
+    fake.unstall.clear()
+    return await next_event(client, fake, k1)
+
+
 async def test_an_event_with_a_rolling_gap_keeps_the_shorter_summary_until_the_cut_moves(
     open_app: Callable[..., Any],  # noqa: F811
     fake: FakeUpstream,
 ) -> None:
-    fake.summary_failure = "stall"  # the summariser answers only when the test says so
     app, client = await open_app(summary_ahead=1.0)  # no summaries ahead: every event has a gap
-    k1, first = await first_event(client, MESSAGES)
-    assert first.headers["x-compaction-summary"] == "pending"  # nothing made to stand in yet
-    fake.unstall.set()
-    await until(lambda: background_of(app).counts.made == 1)
-    fake.unstall.clear()
-
-    k2, event, before = await next_event(client, fake, k1)
+    k2, event, before = await second_event(app, client, fake)
     at_event = fake.chat_requests[-1].body
     prompt = forwarded(fake)
     # the span's own summary is not made (a rolling update, stalled): the first's stands in
@@ -137,13 +145,8 @@ async def test_a_small_prefix_does_not_stand_in_and_the_own_summary_stays_the_ch
 ) -> None:
     """Below `SUMMARY_PARTIAL` the event goes without (`pending`), as without partial
     stand-ins; its own summary stands in from the first request after it lands."""
-    fake.summary_failure = "stall"
     app, client = await open_app(summary_ahead=1.0, summary_partial=0.999)
-    k1, _ = await first_event(client, MESSAGES)
-    fake.unstall.set()
-    await until(lambda: background_of(app).counts.made == 1)
-    fake.unstall.clear()
-    k2, event, _ = await next_event(client, fake, k1)
+    k2, event, _ = await second_event(app, client, fake)
     assert event.headers["x-compaction-summary"] == "pending"
     assert summary_in(forwarded(fake)) is None
     fake.unstall.set()
@@ -158,13 +161,8 @@ async def test_partial_stand_ins_can_be_turned_off(
     open_app: Callable[..., Any],  # noqa: F811
     fake: FakeUpstream,
 ) -> None:
-    fake.summary_failure = "stall"
     app, client = await open_app(summary_ahead=1.0, summary_partial=1)
-    k1, _ = await first_event(client, MESSAGES)
-    fake.unstall.set()
-    await until(lambda: background_of(app).counts.made == 1)
-    fake.unstall.clear()
-    _, event, _ = await next_event(client, fake, k1)
+    _, event, _ = await second_event(app, client, fake)
     assert event.headers["x-compaction-summary"] == "pending"
 
 
@@ -279,29 +277,18 @@ def test_the_share_covered_counts_the_span_s_tokens_but_pinned_instructions() ->
     assert covered(messages, the_plan, the_plan.head + 1, simple_count) == pytest.approx(expected)
 
 
-@pytest.fixture
-async def redis(tmp_path: Path) -> AsyncIterator[str]:
-    with redis_url(tmp_path) as url:
-        yield url
-
-
 @pytest.mark.redis
 async def test_two_replicas_sharing_redis_agree_on_the_stand_in(
     open_app: Callable[..., Any],  # noqa: F811
     fake: FakeUpstream,
-    redis: str,
+    redis: str,  # noqa: F811
 ) -> None:
     """Replica one chooses the partial stand-in at an event; replica two, at the same cut
     after the span's own summary landed, serves replica one's choice: the same prompt."""
-    fake.summary_failure = "stall"
     (one_app, one), (_, two) = [
         await open_app(cache_url=redis, summary_ahead=1.0) for _ in range(2)
     ]
-    k1, _ = await first_event(one, MESSAGES)
-    fake.unstall.set()
-    await until(lambda: background_of(one_app).counts.made == 1)
-    fake.unstall.clear()
-    k2, event, _ = await next_event(one, fake, k1)
+    k2, event, _ = await second_event(one_app, one, fake)
     assert event.headers["x-compaction-summary"] == "cached"
     at_event = fake.chat_requests[-1].body
     fake.unstall.set()
@@ -315,7 +302,7 @@ async def test_two_replicas_sharing_redis_agree_on_the_stand_in(
 
 
 @pytest.mark.redis
-async def test_replicas_racing_to_record_a_choice_agree_on_one(redis: str) -> None:
+async def test_replicas_racing_to_record_a_choice_agree_on_one(redis: str) -> None:  # noqa: F811
     caches = [RedisCache(redis) for _ in range(6)]
     try:
         made = [Summaries(PROMPT, SummaryFlight(cache)) for cache in caches]

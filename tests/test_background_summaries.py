@@ -478,12 +478,8 @@ async def never(body: dict[str, Any]) -> tuple[int, bytes]:
     raise AssertionError("a summary call while the upstream is busy")
 
 
-@given(
-    messages=conversations(),
-    window=st.sampled_from([1024, 2048, 4096, 8192]),
-    strategy=st.sampled_from(["auto", "summarize"]),
-)
-@hypothesis_settings(
+# The property tests that compact generated conversations through a service, on the event loop.
+SERVICE_PROPERTY = hypothesis_settings(
     max_examples=80,
     deadline=None,
     suppress_health_check=[
@@ -492,6 +488,14 @@ async def never(body: dict[str, Any]) -> tuple[int, bytes]:
         HealthCheck.data_too_large,
     ],
 )
+
+
+@given(
+    messages=conversations(),
+    window=st.sampled_from([1024, 2048, 4096, 8192]),
+    strategy=st.sampled_from(["auto", "summarize"]),
+)
+@SERVICE_PROPERTY
 async def test_without_its_summary_the_output_keeps_the_invariants(
     tmp_path: Path, messages: list[dict[str, Any]], window: int, strategy: str
 ) -> None:

@@ -16,8 +16,7 @@ import anyio
 import httpx
 import orjson
 import pytest
-from hypothesis import HealthCheck, event, given
-from hypothesis import settings as hypothesis_settings
+from hypothesis import event, given
 from hypothesis import strategies as st
 
 from app.compaction.engine import SUMMARY_PREFIX
@@ -42,6 +41,7 @@ from tests.fake_upstream import FakeUpstream
 from tests.support import request_points
 from tests.test_anthropic_route import ANTHROPIC, agent_body, post
 from tests.test_background_summaries import (
+    SERVICE_PROPERTY,
     background_of,
     first_event,
     forwarded,
@@ -329,15 +329,7 @@ async def test_replicas_racing_to_record_a_choice_agree_on_one(redis: str) -> No
     share=st.sampled_from([0.5, 0.8, 0.99]),
     restore=st.booleans(),
 )
-@hypothesis_settings(
-    max_examples=80,
-    deadline=None,
-    suppress_health_check=[
-        HealthCheck.function_scoped_fixture,
-        HealthCheck.too_slow,
-        HealthCheck.data_too_large,
-    ],
-)
+@SERVICE_PROPERTY
 async def test_with_a_partial_stand_in_the_output_keeps_the_invariants(
     tmp_path: Path,
     messages: list[dict[str, Any]],

@@ -17,9 +17,10 @@ from app.compaction.engine import (
     marker_tokens,
     summary_message,
 )
-from app.compaction.planner import Plan, plan, render, render_span
+from app.compaction.planner import plan
 from app.compaction.policy import Budget, StrategyName
 from app.compaction.refs import REF_SUFFIX_RE
+from app.compaction.rendering import Plan, render, render_span
 from app.compaction.restorable import restorable, span_ref
 from app.compaction.summary.rolling import summary_budget
 from app.compaction.truncate import truncate_unit

@@ -10,8 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.compaction import planner
+from app.compaction import planner, replay_state
 from app.compaction.policy import Budget, StrategyName
+from app.compaction.rendering import Plan
 from tests.conversations import conversations, simple_count
 
 PIPELINES: list[tuple[StrategyName, ...]] = [
@@ -23,16 +24,16 @@ PIPELINES: list[tuple[StrategyName, ...]] = [
 ]
 
 
-def eager_plan(messages: list[dict[str, Any]], pipeline: Any, budget: Budget) -> planner.Plan:
+def eager_plan(messages: list[dict[str, Any]], pipeline: Any, budget: Budget) -> Plan:
     """The plan replayed in full, every unit priced when it joins the prefix (as before)."""
-    original = planner._Replay.__init__
+    original = replay_state.Replay.__init__
 
-    def priced_up_front(self: planner._Replay, *args: Any, **kwargs: Any) -> None:
+    def priced_up_front(self: replay_state.Replay, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
         self.priced = 1 << 40
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(planner._Replay, "__init__", priced_up_front)
+        patch.setattr(replay_state.Replay, "__init__", priced_up_front)
         patch.setattr(planner, "_quiet", lambda *_: None)  # always replayed
         return planner.plan(messages, pipeline, budget, simple_count, 0, 50)
 

@@ -13,8 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.compaction.planner import plan, render
+from app.compaction.planner import plan
 from app.compaction.policy import Budget, StrategyName
+from app.compaction.rendering import render
 from app.compaction.replays import ReplayCache, Replays
 from app.compaction.summary.ahead import next_event
 from app.compaction.summary.rolling import summary_budget
@@ -193,16 +194,16 @@ def test_a_compacted_conversation_renders_only_what_it_adds(
     request n+1 takes the pruned rounds its replay kept instead of pruning each again, so it
     prunes only a few units (the new ones, and all of them at an event), and renders exactly
     what a fresh plan renders."""
-    import app.compaction.planner as planner
+    import app.compaction.unit_costs as unit_costs
 
     pruned: list[int] = []
-    real = planner.prune_unit
+    real = unit_costs.prune_unit
 
     def counting(*args: Any, **kwargs: Any) -> Any:
         pruned.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(planner, "prune_unit", counting)
+    monkeypatch.setattr(unit_costs, "prune_unit", counting)
     messages = agent_session(300)
     replays = Replays(ReplayCache(), lambda: None)
     pipeline: tuple[StrategyName, ...] = ("truncate", "prune", "trim")

@@ -18,9 +18,9 @@ from typing import Any, Literal
 
 from app.compaction.engine import CompactionResult
 from app.compaction.formats import Conversation
-from app.compaction.planner import TOOL_KINDS
 from app.compaction.prune import is_placeholder, tool_names
 from app.compaction.refs import content_bytes, content_sha256, ref_for
+from app.compaction.unit_costs import TOOL_KINDS
 
 CutKind = Literal["truncated", "pruned", "trimmed", "summarized", "dropped"]
 

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from app.compaction.engine import CompactionResult
-from app.compaction.planner import Plan
+from app.compaction.rendering import Plan
 from app.jsontext import messages_text
 
 # Planning bigger than this runs in a worker thread, so it never holds up the event loop.

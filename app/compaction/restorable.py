@@ -14,10 +14,11 @@ from typing import Any
 
 import orjson
 
-from app.compaction.planner import TOOL_KINDS, Plan
 from app.compaction.prune import tool_names
 from app.compaction.refs import ref_for
+from app.compaction.rendering import Plan
 from app.compaction.truncate import unit_texts
+from app.compaction.unit_costs import TOOL_KINDS
 
 
 def removed_positions(plan: Plan) -> list[int]:

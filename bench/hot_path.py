@@ -305,7 +305,7 @@ def cold_counting(runs: int = 21) -> str:
     ]
     rows = []
     for model, label, loaded, heuristic in cases:
-        with patch("app.tokens.counter.heuristic_tokens", heuristic):
+        with patch("app.tokens.raw_counts.heuristic_tokens", heuristic):
             tokens = ChatTokenCounter(loaded).count_request(model, body)
             ms = _median_ms(
                 lambda m=model, e=loaded: ChatTokenCounter(e).count_request(m, body), runs

@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.tokens import counter as counter_module
+from app.tokens import prefixes
 from app.tokens.counter import ChatTokenCounter, count_within
 from app.tokens.encodings import load_encodings
 
@@ -67,9 +67,9 @@ def test_calibration_applies_to_remembered_counts() -> None:
 
 
 def test_remembered_conversations_are_bounded(monkeypatch: Any) -> None:
-    monkeypatch.setattr(counter_module, "PREFIX_BYTES", 10_000)
+    monkeypatch.setattr(prefixes, "PREFIX_BYTES", 10_000)
     counter = ChatTokenCounter(ENCODINGS)
-    for i in range(3 * counter_module.PREFIX_SLOTS):
+    for i in range(3 * prefixes.PREFIX_SLOTS):
         counter.count_messages("gpt-4o", [{"role": "user", "content": f"{i} " + "x" * 3000}])
     entries = counter._prefixes._entries.values()
     assert len(entries) <= 3

@@ -38,11 +38,12 @@ from app.http.state import AppState
 from app.pricing.meter import CostMeter
 from app.pricing.table import PriceTable
 from app.proxy.chat import CHAT_API
+from app.proxy.completers import anthropic_summary_completer, summary_completer
 from app.proxy.messages import MESSAGES_API
 from app.proxy.passthrough import PassthroughService
 from app.proxy.responses import RESPONSES_API
 from app.proxy.service import Api, ApiService, Exchange
-from app.proxy.upstream import Upstream, anthropic_summary_completer, summary_completer
+from app.proxy.upstream import Upstream
 from app.settings import Settings
 from app.tokens.counter import ChatTokenCounter
 from app.tokens.encodings import load_encodings

@@ -24,11 +24,12 @@ from app.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
 from app.http.body import read_body
 from app.http.reuse import ParsedBodies, Reused
 from app.jsontext import known_text
+from app.proxy.headers import filter_request_headers, filter_response_headers
 from app.proxy.relay import RelayResponse, RelayResult, buffered_response
 from app.proxy.restore import Dialect, RestoreLoop, Send, follow_json, offer, restore_headers
 from app.proxy.restore_stream import follow_stream
 from app.proxy.sse_tap import SSETap, Usage
-from app.proxy.upstream import Upstream, filter_request_headers, filter_response_headers, read_all
+from app.proxy.upstream import Upstream, read_all
 from app.settings import Settings
 from app.usage.records import Outcome
 

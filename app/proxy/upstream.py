@@ -1,52 +1,25 @@
-"""The only outbound HTTP: one pooled client, routing by model, auth, and error translation."""
+"""The only outbound HTTP: one pooled client, routing by model, auth, and error translation.
+
+Which headers cross is app/proxy/headers.py; summary requests are app/proxy/completers.py.
+"""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import (
-    AsyncIterable,
-    AsyncIterator,
-    Awaitable,
-    Callable,
-    Iterable,
-    Iterator,
-    Mapping,
-)
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from functools import lru_cache
 from http.cookiejar import Cookie, CookieJar
 from typing import Any, Literal, Protocol
 
-import anyio
 import httpx
 import orjson
 
 from app.errors import UpstreamTimeout, UpstreamUnavailable
-from app.proxy.sse_tap import Usage
 from app.settings import Settings
 from app.windows.table import Route
 
 logger = logging.getLogger(__name__)
-
-KeyHeader = Literal["authorization", "x-api-key"]  # where an upstream reads its API key
-
-# RFC 9110 §7.6.1 hop-by-hop headers, plus the ones httpx or the ASGI server sets itself.
-HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "trailers",
-        "transfer-encoding",
-        "upgrade",
-    }
-)
-_REQUEST_DROP = HOP_BY_HOP | {"host", "content-length"}
-_RESPONSE_DROP = HOP_BY_HOP | {"content-length", "date", "server"}
 
 # Idle pooled connections are dropped before the upstream would drop them: uvicorn (vLLM,
 # LiteLLM) and llama.cpp close idle keep-alive connections after 5 s, and reusing one at that
@@ -119,51 +92,6 @@ class RouteTable(Protocol):
     """Chooses the upstream for a model (implemented by the model table)."""
 
     def route_for(self, model: str) -> Route | None: ...
-
-
-def _connection_tokens(headers: Iterable[tuple[str, str]]) -> set[str]:
-    tokens: set[str] = set()
-    for name, value in headers:
-        if name.lower() == "connection":
-            tokens.update(t.strip().lower() for t in value.split(",") if t.strip())
-    return tokens
-
-
-def filter_request_headers(
-    headers: Iterable[tuple[str, str]],
-    *,
-    api_key: str | None,
-    identity: bool,
-    key_header: KeyHeader = "authorization",
-) -> list[tuple[str, str]]:
-    """Client headers to send upstream: hop-by-hop and our own controls removed.
-
-    `api_key` replaces the client's credentials when set: `Authorization: Bearer` (OpenAI), or
-    `x-api-key` with the client's Authorization dropped (Anthropic); `identity` asks the
-    upstream for an uncompressed body (needed where the proxy reads the answer, e.g. usage).
-    """
-    pairs = list(headers)
-    drop = _REQUEST_DROP | _connection_tokens(pairs)
-    out = [
-        (k, v)
-        for k, v in pairs
-        if k.lower() not in drop and not k.lower().startswith("x-compaction-")
-    ]
-    if api_key is not None:
-        out = [(k, v) for k, v in out if k.lower() not in ("authorization", key_header)]
-        value = f"Bearer {api_key}" if key_header == "authorization" else api_key
-        out.append((key_header, value))
-    if identity:
-        out = [(k, v) for k, v in out if k.lower() != "accept-encoding"]
-        out.append(("accept-encoding", "identity"))
-    return out
-
-
-def filter_response_headers(headers: httpx.Headers) -> list[tuple[str, str]]:
-    """Upstream response headers to relay to the client (hop-by-hop removed)."""
-    pairs = list(headers.multi_items())
-    drop = _RESPONSE_DROP | _connection_tokens(pairs)
-    return [(k, v) for k, v in pairs if k.lower() not in drop]
 
 
 def origin(url: str | httpx.URL) -> str:
@@ -354,107 +282,3 @@ async def read_all(response: httpx.Response) -> bytes:
             return await response.aread()
     finally:
         await response.aclose()
-
-
-_SUMMARY_HEADERS = frozenset(
-    {"authorization", "api-key", "x-api-key", "openai-organization", "openai-project"}
-)
-
-
-def summary_completer(
-    upstream: Upstream,
-    model: str,
-    client_headers: Mapping[str, str],
-    deadline: float,
-    route: Route | None = None,
-) -> Callable[[dict[str, Any]], Awaitable[tuple[int, bytes]]]:
-    """A `Completer` for summary requests: the model's route (or `route`: the summary upstream),
-    the client's credentials (or the configured upstream key), a bounded deadline; transport
-    failures become `SummaryFailed`."""
-    route = route or upstream.route(model)
-    headers = filter_request_headers(
-        [(k, v) for k, v in client_headers.items() if k.lower() in _SUMMARY_HEADERS],
-        api_key=route.api_key,
-        identity=True,
-    )
-    url = upstream.url(route, "/chat/completions")
-    return _completer(upstream, url, headers, deadline, lambda status, content: content)
-
-
-_ANTHROPIC_HEADERS = frozenset(
-    {"authorization", "x-api-key", "anthropic-version", "anthropic-beta"}
-)
-ANTHROPIC_VERSION = "2023-06-01"  # sent when the client named none (the API requires one)
-
-
-def anthropic_summary_completer(
-    upstream: Upstream, model: str, client_headers: Mapping[str, str], deadline: float
-) -> Callable[[dict[str, Any]], Awaitable[tuple[int, bytes]]]:
-    """A `Completer` for a Messages client's summaries: the summary request (a valid Messages
-    body as it is) goes to the model's Anthropic route with the client's `x-api-key` (or
-    `INFLIGHT_ANTHROPIC_API_KEY`) and `anthropic-version`; the answer is read back as the chat
-    completion the summariser parses (text, and usage with cache reads and writes)."""
-    route = upstream.route(model, anthropic=True)
-    headers = filter_request_headers(
-        [(k, v) for k, v in client_headers.items() if k.lower() in _ANTHROPIC_HEADERS],
-        api_key=route.api_key,
-        identity=True,
-        key_header="x-api-key",
-    )
-    if not any(k.lower() == "anthropic-version" for k, _ in headers):
-        headers.append(("anthropic-version", ANTHROPIC_VERSION))
-    url = upstream.url(route, "/messages")
-    return _completer(upstream, url, headers, deadline, _as_chat_completion)
-
-
-def _as_chat_completion(status: int, content: bytes) -> bytes:
-    """An Anthropic message as a chat completion (its text, its usage); errors as they are."""
-    if status >= 400:
-        return content
-    try:
-        message = orjson.loads(content)
-    except orjson.JSONDecodeError:
-        return content
-    blocks = message.get("content") if isinstance(message, dict) else None
-    if not isinstance(blocks, list):
-        return content
-    text = "".join(
-        b["text"] for b in blocks if isinstance(b, dict) and isinstance(b.get("text"), str)
-    )
-    usage = Usage.from_anthropic(message.get("usage")) or Usage()
-    return orjson.dumps(
-        {
-            "choices": [{"message": {"role": "assistant", "content": text}}],
-            "usage": {
-                "prompt_tokens": usage.prompt_tokens or 0,
-                "completion_tokens": usage.completion_tokens or 0,
-            },
-        }
-    )
-
-
-def _completer(
-    upstream: Upstream,
-    url: str,
-    headers: list[tuple[str, str]],
-    deadline: float,
-    convert: Callable[[int, bytes], bytes],
-) -> Callable[[dict[str, Any]], Awaitable[tuple[int, bytes]]]:
-    from app.compaction.summary.prompt import SummaryFailed
-
-    headers = [*headers, ("content-type", "application/json")]
-
-    async def complete(body: dict[str, Any]) -> tuple[int, bytes]:
-        try:
-            with anyio.fail_after(deadline):  # a total deadline, not per read
-                response = await upstream.send(
-                    "POST", url, headers, orjson.dumps(body), deadline=deadline, client=False
-                )
-                status = response.status_code
-                return status, convert(status, await read_all(response))
-        except TimeoutError as exc:
-            raise SummaryFailed(f"summariser took longer than {deadline:g}s") from exc
-        except (UpstreamTimeout, UpstreamUnavailable) as exc:
-            raise SummaryFailed(exc.message) from exc
-
-    return complete

@@ -1,0 +1,74 @@
+"""Headers across the proxy: hop-by-hop headers and our own `X-Compaction-*` controls dropped
+both ways, the client's credentials replaced by a configured upstream key."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Literal
+
+import httpx
+
+KeyHeader = Literal["authorization", "x-api-key"]  # where an upstream reads its API key
+
+# RFC 9110 §7.6.1 hop-by-hop headers, plus the ones httpx or the ASGI server sets itself.
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+_REQUEST_DROP = HOP_BY_HOP | {"host", "content-length"}
+_RESPONSE_DROP = HOP_BY_HOP | {"content-length", "date", "server"}
+
+
+def _connection_tokens(headers: Iterable[tuple[str, str]]) -> set[str]:
+    tokens: set[str] = set()
+    for name, value in headers:
+        if name.lower() == "connection":
+            tokens.update(t.strip().lower() for t in value.split(",") if t.strip())
+    return tokens
+
+
+def filter_request_headers(
+    headers: Iterable[tuple[str, str]],
+    *,
+    api_key: str | None,
+    identity: bool,
+    key_header: KeyHeader = "authorization",
+) -> list[tuple[str, str]]:
+    """Client headers to send upstream: hop-by-hop and our own controls removed.
+
+    `api_key` replaces the client's credentials when set: `Authorization: Bearer` (OpenAI), or
+    `x-api-key` with the client's Authorization dropped (Anthropic); `identity` asks the
+    upstream for an uncompressed body (needed where the proxy reads the answer, e.g. usage).
+    """
+    pairs = list(headers)
+    drop = _REQUEST_DROP | _connection_tokens(pairs)
+    out = [
+        (k, v)
+        for k, v in pairs
+        if k.lower() not in drop and not k.lower().startswith("x-compaction-")
+    ]
+    if api_key is not None:
+        out = [(k, v) for k, v in out if k.lower() not in ("authorization", key_header)]
+        value = f"Bearer {api_key}" if key_header == "authorization" else api_key
+        out.append((key_header, value))
+    if identity:
+        out = [(k, v) for k, v in out if k.lower() != "accept-encoding"]
+        out.append(("accept-encoding", "identity"))
+    return out
+
+
+def filter_response_headers(headers: httpx.Headers) -> list[tuple[str, str]]:
+    """Upstream response headers to relay to the client (hop-by-hop removed)."""
+    pairs = list(headers.multi_items())
+    drop = _RESPONSE_DROP | _connection_tokens(pairs)
+    return [(k, v) for k, v in pairs if k.lower() not in drop]

@@ -37,12 +37,13 @@ from app.http.routes import (
 from app.http.state import AppState
 from app.pricing.meter import CostMeter
 from app.pricing.table import PriceTable
+from app.proxy.api import Api, Exchange
 from app.proxy.chat import CHAT_API
 from app.proxy.completers import anthropic_summary_completer, summary_completer
 from app.proxy.messages import MESSAGES_API
 from app.proxy.passthrough import PassthroughService
 from app.proxy.responses import RESPONSES_API
-from app.proxy.service import Api, ApiService, Exchange
+from app.proxy.service import ApiService
 from app.proxy.upstream import Upstream
 from app.settings import Settings
 from app.tokens.counter import ChatTokenCounter

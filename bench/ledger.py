@@ -16,8 +16,8 @@ from typing import Any
 
 from app.compaction.formats.chat import ChatFormat
 from app.compaction.service import CompactionService
+from app.proxy.api import Exchange
 from app.proxy.chat import CHAT_API
-from app.proxy.service import Exchange
 from app.settings import LedgerMode, Settings
 from app.tokens.counter import ChatTokenCounter
 from app.tokens.encodings import load_encodings

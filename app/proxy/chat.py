@@ -14,8 +14,8 @@ import orjson
 
 from app.compaction.formats.chat import ChatFormat
 from app.http.body import add_include_usage, check_chat_rest, parse_chat_body
+from app.proxy.api import Api
 from app.proxy.restore_chat import ChatDialect
-from app.proxy.service import Api
 
 
 def ask_stream_usage(forward: bytes, body: Mapping[str, Any]) -> tuple[bytes, bool]:

@@ -14,9 +14,9 @@ from typing import Any
 from app.compaction.formats.messages import MessagesFormat
 from app.errors import ProxyError
 from app.http.body import check_model_rest
+from app.proxy.api import Api
 from app.proxy.responses import parse_responses_body
 from app.proxy.restore_messages import MessagesDialect
-from app.proxy.service import Api
 from app.proxy.sse_tap import Usage
 
 # Anthropic's error types by status (https://docs.anthropic.com/en/api/errors).

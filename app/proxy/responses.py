@@ -12,8 +12,8 @@ from typing import Any
 
 from app.compaction.formats.responses import ResponsesFormat
 from app.http.body import check_model_rest, check_stream, parse_model_body
+from app.proxy.api import Api
 from app.proxy.restore_responses import ResponsesDialect
-from app.proxy.service import Api
 
 
 def parse_responses_body(raw: bytes) -> dict[str, Any]:

@@ -4,15 +4,16 @@ One `ApiService` serves one route (`POST /v1/chat/completions`, `/v1/responses`,
 `/v1/messages`). What differs between the APIs is an `Api` value: its routes, the `WireFormat`
 adapter the compaction service plans through, how its body is checked, how usage and errors
 read, and whether a stream must be asked for usage. A new API adds an `Api` (a module beside
-`app/proxy/chat.py`) and a route, not branches here.
+`app/proxy/chat.py`) and a route, not branches here. `Api` and `Exchange` are defined in
+app/proxy/api.py.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -22,131 +23,23 @@ from starlette.responses import Response
 
 from app.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
 from app.http.body import read_body
-from app.http.reuse import ParsedBodies, Reused
+from app.http.reuse import ParsedBodies
 from app.jsontext import known_text
+from app.proxy.api import Api, Exchange
 from app.proxy.headers import filter_request_headers, filter_response_headers
 from app.proxy.relay import RelayResponse, RelayResult, buffered_response
-from app.proxy.restore import Dialect, RestoreLoop, Send, follow_json, offer, restore_headers
+from app.proxy.restore import RestoreLoop, Send, follow_json, offer, restore_headers
 from app.proxy.restore_stream import follow_stream
 from app.proxy.sse_tap import SSETap, Usage
 from app.proxy.upstream import Upstream, read_all
 from app.settings import Settings
-from app.usage.records import Outcome
 
 if TYPE_CHECKING:
     import httpx
 
-    from app.compaction.formats import WireFormat
-    from app.compaction.service import Compacted, CompactionService
-    from app.compaction.summary.prompt import SummaryUsage
+    from app.compaction.service import CompactionService
 
 logger = logging.getLogger(__name__)
-
-# (bytes to forward, the parsed body) -> (bytes asking for stream usage, cut the usage chunk)
-StreamUsage = Callable[[bytes, Mapping[str, Any]], tuple[bytes, bool]]
-
-
-def openai_error_body(error: ProxyError) -> dict[str, Any]:
-    """OpenAI's error envelope `{"error": {message, type, param, code}}`."""
-    return error.body()
-
-
-@dataclass(frozen=True, slots=True)
-class Api:
-    """One compacting API: its wire format and each point where APIs differ."""
-
-    route: str  # the client's path, e.g. `/v1/chat/completions` (the usage record's route)
-    upstream_path: str  # joined to the upstream's base URL, e.g. `/chat/completions`
-    wire: WireFormat  # the adapter the compaction service plans and renders through
-    parse_body: Callable[[bytes], dict[str, Any]]  # parse and check the shape (400 naming why)
-    # The history array a conversation's next request extends (app/http/reuse.py), and the
-    # checks `parse_body` makes on a body parsed from a remembered one, of what was parsed now.
-    history: str | None = None
-    check_rest: Callable[[Reused], None] | None = None
-    history_is_view: bool = False  # the adapter plans on that very list (chat)
-    usage: Callable[[Any], Usage | None] = Usage.from_json  # a JSON answer's `usage` value
-    stream_usage: StreamUsage | None = None  # ask a stream for usage (None: it always has it)
-    error_body: Callable[[ProxyError], dict[str, Any]] = openai_error_body  # the error envelope
-    # Anthropic's API: sent to INFLIGHT_ANTHROPIC_UPSTREAM_URL, its key in `x-api-key`.
-    anthropic: bool = False
-    restore: Dialect | None = None  # how restore offers its tool here (None: not offered)
-
-    def error_frame(self, error: ProxyError) -> bytes:
-        """`error` as a final SSE event, for a stream that already started."""
-        return b"event: error\ndata: " + orjson.dumps(self.error_body(error)) + b"\n\n"
-
-
-@dataclass(slots=True)
-class Exchange:
-    """What one request turned into, for the response headers and the usage record."""
-
-    api: Api
-    model: str
-    stream: bool
-    raw: bytes
-    body: dict[str, Any]  # the body as the client sent it, parsed (the cost baseline)
-    request_headers: Mapping[str, str] = field(default_factory=dict)
-    client_key_id: str | None = None
-    compacted: Compacted | None = None  # what the compaction service decided to forward
-    status: int = 0
-    usage: Usage | None = None
-    outcome: Outcome = "completed"
-    ttfb: float | None = None
-    started: float = field(default_factory=time.perf_counter)
-    retried: bool = False
-    upstream_truncated: bool = False  # the upstream cut the prompt silently (DESIGN.md §11)
-    rounds: int = 1  # upstream requests restore made for it (usage is their sum)
-
-    @property
-    def route(self) -> str:
-        return self.api.route
-
-    @property
-    def forward(self) -> bytes:
-        """The bytes that go upstream (the client's own when nothing changed)."""
-        if self.compacted is None or self.compacted.forward is None:
-            return self.raw
-        return self.compacted.forward
-
-    @property
-    def sent(self) -> Mapping[str, Any]:
-        """The body that goes upstream, parsed."""
-        return self.body if self.compacted is None else self.compacted.body
-
-    @property
-    def view(self) -> Mapping[str, Any] | None:
-        """The chat-shaped view of what was sent (for calibrating the counter), if compacted
-        and sent once (restore's rounds sum several prompts' usage)."""
-        return None if self.compacted is None or self.rounds > 1 else self.compacted.view
-
-    @property
-    def tokens_before(self) -> int:
-        return 0 if self.compacted is None else self.compacted.tokens_before
-
-    @property
-    def tokens_after(self) -> int:
-        return 0 if self.compacted is None else self.compacted.tokens_after
-
-    @property
-    def context_limit(self) -> int | None:
-        return None if self.compacted is None else self.compacted.context_limit
-
-    @property
-    def strategies(self) -> tuple[str, ...]:
-        return () if self.compacted is None else self.compacted.strategies
-
-    @property
-    def summary_usage(self) -> SummaryUsage | None:
-        return None if self.compacted is None else self.compacted.summary_usage
-
-    @property
-    def summary_model(self) -> str | None:
-        return None if self.compacted is None else self.compacted.summary_model
-
-    @property
-    def headers(self) -> Mapping[str, str]:
-        """The `X-Compaction-*` report headers added to the response."""
-        return {} if self.compacted is None else self.compacted.headers
 
 
 ExchangeHook = Callable[[Exchange], Awaitable[None]]

@@ -28,7 +28,7 @@ from app.settings import LedgerMode
 
 if TYPE_CHECKING:
     from app.compaction.cuts import Cut
-    from app.proxy.service import Exchange
+    from app.proxy.api import Exchange
     from app.usage.records import UsageQueue, UsageStore
 
 MAX_ID_LENGTH = 64  # ids are 22 characters; a longer one is not looked up

@@ -7,7 +7,7 @@ import time
 import uuid
 
 from app.compaction.summary.prompt import SummaryUsage
-from app.proxy.service import Exchange
+from app.proxy.api import Exchange
 from app.usage.records import Outcome, UsageRecord
 
 # Passthrough requests are counted per API (the first path segment after `/v1`); any other

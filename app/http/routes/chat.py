@@ -5,13 +5,15 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from app.http import openapi
+from app.http import openapi_chat
 from app.http.state import api_client, app_state
 
 router = APIRouter()
 
 
-@router.post("/v1/chat/completions", response_model=None, openapi_extra=openapi.CHAT_COMPLETIONS)
+@router.post(
+    "/v1/chat/completions", response_model=None, openapi_extra=openapi_chat.CHAT_COMPLETIONS
+)
 async def chat_completions(request: Request) -> Response:
     # no FastAPI dependencies on the hot path: they cost more than the work they do
     service = app_state(request).chat

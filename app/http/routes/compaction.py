@@ -11,7 +11,7 @@ from app.compaction.formats import ApiName
 from app.compaction.formats.detect import detect_api
 from app.compaction.report import Preview, count_report, preview_report
 from app.compaction.service import HISTORY_PARAM
-from app.http import openapi
+from app.http import openapi_compaction
 from app.http.body import parse_model_body, read_body
 from app.http.routes.passthrough import METHODS
 from app.http.state import ClientKey, State
@@ -35,14 +35,14 @@ async def _plan(request: Request, state: State, *, count: bool) -> tuple[ApiName
     return name, planned
 
 
-@router.post("/v1/compaction/preview", openapi_extra=openapi.PREVIEW)
+@router.post("/v1/compaction/preview", openapi_extra=openapi_compaction.PREVIEW)
 async def preview(request: Request, state: State, client: ClientKey) -> dict[str, Any]:
     name, result = await _plan(request, state, count=False)
     history = HISTORY_PARAM[name]
     return {history: result.forwarded.get(history), "report": preview_report(result)}
 
 
-@router.post("/v1/compaction/count", openapi_extra=openapi.COUNT)
+@router.post("/v1/compaction/count", openapi_extra=openapi_compaction.COUNT)
 async def count(request: Request, state: State, client: ClientKey) -> dict[str, Any]:
     _, result = await _plan(request, state, count=True)
     return count_report(result, result.body["model"])

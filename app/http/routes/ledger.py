@@ -8,7 +8,7 @@ from fastapi import APIRouter
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
-from app.http import openapi
+from app.http import openapi_compaction
 from app.http.routes.passthrough import METHODS
 from app.http.state import ClientKey, State
 
@@ -16,7 +16,7 @@ router = APIRouter()
 PATH = "/v1/compaction/ledger/{ledger_id:path}"
 
 
-@router.get(PATH, response_model=None, openapi_extra=openapi.LEDGER)
+@router.get(PATH, response_model=None, openapi_extra=openapi_compaction.LEDGER)
 async def ledger(ledger_id: str, state: State, client: ClientKey) -> Response:
     found = await state.ledger.read(ledger_id, client)
     return Response(found, media_type="application/json")

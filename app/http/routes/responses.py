@@ -5,13 +5,13 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from app.http import openapi
+from app.http import openapi_responses
 from app.http.state import api_client, app_state
 
 router = APIRouter()
 
 
-@router.post("/v1/responses", response_model=None, openapi_extra=openapi.RESPONSES)
+@router.post("/v1/responses", response_model=None, openapi_extra=openapi_responses.RESPONSES)
 async def create_response(request: Request) -> Response:
     # no FastAPI dependencies on the hot path: they cost more than the work they do
     service = app_state(request).responses

@@ -13,8 +13,13 @@ import httpx
 import orjson
 import pytest
 
-from app.compaction.offload import OFFLOAD_CHARS, OFFLOAD_MESSAGES, is_large
-from app.compaction.service import INLINE_COVERED_MESSAGES
+from app.compaction.offload import (
+    INLINE_COVERED_MESSAGES,
+    OFFLOAD_CHARS,
+    OFFLOAD_MESSAGES,
+    is_heavy,
+    is_large,
+)
 from app.factory import create_app
 from tests.conftest import make_settings
 from tests.fake_upstream import FakeUpstream
@@ -105,10 +110,10 @@ async def test_a_large_history_a_replay_covers_is_planned_inline(
             for size in (400, 1500):
                 history = chat[:size]
                 assert is_large(history)
-                assert compactor._heavy(history)  # cold: nothing remembered
+                assert is_heavy(history, compactor._replays)  # cold: nothing remembered
                 body = orjson.dumps({"model": "gpt-4o", "messages": history})
                 assert (await client.post("/v1/chat/completions", content=body)).status_code == 200
                 grown = chat[: size + 2]
-                assert compactor._heavy(grown) == (size + 2 > INLINE_COVERED_MESSAGES)
+                assert is_heavy(grown, compactor._replays) == (size + 2 > INLINE_COVERED_MESSAGES)
                 edited = [{**history[0], "content": "Be verbose."}, *history[1:]]
-                assert compactor._heavy(edited)
+                assert is_heavy(edited, compactor._replays)

@@ -9,11 +9,15 @@ from typing import Any, TypeVar
 
 from app.compaction.engine import CompactionResult
 from app.compaction.rendering import Plan
+from app.compaction.replays import ReplayCache
 from app.jsontext import messages_text
 
 # Planning bigger than this runs in a worker thread, so it never holds up the event loop.
 OFFLOAD_MESSAGES = 256
 OFFLOAD_CHARS = 256 * 1024
+# A request whose history a remembered replay covers (but a little) is planned inline up to
+# this many messages: see `is_heavy`.
+INLINE_COVERED_MESSAGES = 1024
 T = TypeVar("T")
 
 
@@ -41,6 +45,20 @@ def is_large(messages: Sequence[Mapping[str, Any]]) -> bool:
     if text is not None and len(text) <= OFFLOAD_CHARS:
         return False
     return sum(_chars(m) for m in messages if isinstance(m, Mapping)) > OFFLOAD_CHARS
+
+
+def is_heavy(messages: Sequence[Mapping[str, Any]], replays: ReplayCache[Any] | None) -> bool:
+    """Whether a request's counting, planning and rendering may hold up the event loop: a
+    large history (`is_large`), unless a replay remembered in `replays` covers all of it but a
+    little (a conversation's next request counts, replays and renders only what it adds) and it
+    is not huge (an event prices every unit since the last one). A hop to a worker thread
+    costs more than such a request's work."""
+    if not is_large(messages):
+        return False
+    text = messages_text(messages)
+    if replays is None or text is None or len(messages) > INLINE_COVERED_MESSAGES:
+        return True
+    return not replays.covers(text, OFFLOAD_CHARS // 4)
 
 
 async def offload(messages: Sequence[Mapping[str, Any]], work: Callable[[], T]) -> T:

@@ -31,17 +31,12 @@ from typing import Any
 
 from app.compaction.middle_out import MiddleOut
 from app.compaction.policy import Budget, StrategyName
-
-# `Plan`, `MessageCounter` and `render_span` are also imported from here by
-# compaction/service.py, compaction/summary/ and bench/ahead.py.
-from app.compaction.rendering import Plan as Plan
-from app.compaction.rendering import render_span as render_span
+from app.compaction.rendering import Plan
 from app.compaction.replay_state import Replay
 from app.compaction.replays import Recall, Replays
 from app.compaction.sums import RunningSums
 from app.compaction.truncate import cap_chars
-from app.compaction.unit_costs import MessageCounter as MessageCounter
-from app.compaction.unit_costs import UnitCosts
+from app.compaction.unit_costs import MessageCounter, UnitCosts
 from app.compaction.units import UnitRoles
 
 

@@ -12,19 +12,19 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
-import orjson
-
+from app.compaction.compacted import Compacted, compacted_of, overflow_bound
 from app.compaction.cuts import Cut, cuts_of
-from app.compaction.engine import CompactionResult, compact, marker_tokens
-from app.compaction.formats import ApiName, Conversation, WireFormat
+from app.compaction.engine import compact, marker_tokens
+from app.compaction.formats import WireFormat
 from app.compaction.formats.chat import ChatFormat
-from app.compaction.offload import OFFLOAD_CHARS, as_received, is_large, offload, run_off
-from app.compaction.planner import MessageCounter, Plan, plan
+from app.compaction.job import Job, Outcome, view_of
+from app.compaction.offload import as_received, is_heavy, offload, run_off
+from app.compaction.planner import plan
 from app.compaction.policy import (
     Budget,
     Controls,
@@ -33,68 +33,29 @@ from app.compaction.policy import (
     parse_strategy,
     resolve_pipeline,
 )
+from app.compaction.rendering import Plan
 from app.compaction.replays import ReplayCache, Replays
-from app.compaction.report import Preview, report_headers
+from app.compaction.report import Preview
 from app.compaction.summary.background import BackgroundSummaries
-from app.compaction.summary.prompt import SummaryUsage
 from app.compaction.summary.request import (
-    Asked,
     CompleterFactory,
     RequestSummaries,
-    StandIn,
     UpstreamOf,
 )
 from app.compaction.summary.rolling import Summaries, summary_budget
 from app.compaction.summary.stand_in import without_summary
-from app.errors import BadRequest, ContextLengthExceeded, ProxyError
-from app.jsontext import messages_text
-from app.settings import LedgerMode, OnOverflow, Settings
-from app.tokens.counter import TokenCounter, count_within
+from app.compaction.unit_costs import MessageCounter
+from app.errors import BadRequest
+from app.settings import LedgerMode, Settings
+from app.tokens.counter import TokenCounter
 from app.windows.overflow import OverflowInfo, parse_overflow
 from app.windows.registry import WindowRegistry
 from app.windows.silent import learn_silent_cut
 from app.windows.table import anthropic_betas, output_reserve
 
-# The request field that holds the history, per API (named by a too-long-to-fit error).
 CHAT = ChatFormat()  # the default adapter (stateless)
-HISTORY_PARAM: dict[ApiName, str] = {
-    "chat": "messages",
-    "responses": "input",
-    "messages": "messages",
-}
 
 logger = logging.getLogger(__name__)
-# A request whose history a remembered replay covers (but a little) is planned inline up to
-# this many messages: see `CompactionService._heavy`.
-INLINE_COVERED_MESSAGES = 1024
-
-
-@dataclass(frozen=True, slots=True)
-class Compacted:
-    """What the API service forwards after compaction, and what it reports about it."""
-
-    body: dict[str, Any]  # the body forwarded
-    forward: bytes | None  # its bytes; None: the bytes as received
-    view: Mapping[str, Any]  # the chat-shaped view of `body`, for calibrating on the usage
-    headers: dict[str, str]  # the `X-Compaction-*` report (DESIGN.md §2)
-    tokens_before: int
-    tokens_after: int
-    context_limit: int
-    strategies: tuple[StrategyName, ...]
-    summary_usage: SummaryUsage
-    summary_model: str
-    ledger_id: str | None = None  # `X-Compaction-Id`: the ledger row of what was cut (§11)
-    cuts: tuple[Cut, ...] = ()  # what was cut, for that row
-    # restoring: what the forwarded markers' refs stand for (app/compaction/restorable.py)
-    refs: Mapping[str, str] = field(default_factory=dict)
-    budget: int = 0  # the window less the output reserve (what restored texts may fill)
-    # what starts once the answer is on its way (not after an error): summaries ahead
-    after_answer: tuple[Callable[[], object], ...] = ()
-
-
-def view_body(conversation: Conversation) -> dict[str, Any]:
-    """The request as the counter sees it: the fixed parts and the chat-shaped messages."""
-    return {**conversation.fixed, "messages": list(conversation.messages)}
 
 
 class CompactionService:
@@ -166,8 +127,8 @@ class CompactionService:
             summarizer_available=self._summarizing is not None,
         )
         summary_model = controls.summary_model or self._settings.summary_model or model
-        job = _Job(
-            wire, cleaned, _view(wire, cleaned), model, summary_model, base_url, headers,
+        job = Job(
+            wire, cleaned, view_of(wire, cleaned), model, summary_model, base_url, headers,
             self._counter, *self._keeping(controls), wait=self._waits(controls),
             forwarded=forwarding,
         )  # fmt: skip
@@ -198,8 +159,8 @@ class CompactionService:
         return preview
 
     async def _outcome(
-        self, job: _Job, pipeline: tuple[StrategyName, ...], budget: Budget
-    ) -> tuple[_Outcome, str | None]:
+        self, job: Job, pipeline: tuple[StrategyName, ...], budget: Budget
+    ) -> tuple[Outcome, str | None]:
         """The pipeline's outcome, and what the request got instead if compaction failed."""
         if job.conversation.skip is not None:
             logger.info("forwarding %s as received: %s", job.model, job.conversation.skip)
@@ -212,21 +173,21 @@ class CompactionService:
             logger.exception("compaction failed for %s, falling back to trim", job.model)
             return await self._fallback(exc, job, pipeline, budget)
 
-    async def _counted(self, job: _Job, budget: Budget) -> _Outcome:
+    async def _counted(self, job: Job, budget: Budget) -> Outcome:
         """A request forwarded as received: counted for the report and the usage record, never
         compacted (counts of 0 if even counting fails)."""
         messages = job.conversation.messages
         try:
             fixed = await offload(messages, job.count_fixed)
             counted = partial(compact, messages, (), budget, job.count, fixed)
-            return _Outcome(await offload(messages, counted), job.body)
+            return Outcome(await offload(messages, counted), job.body)
         except Exception:
             logger.exception("counting failed for %s; reported as 0 tokens", job.model)
-            return _Outcome(as_received(messages), job.body)
+            return Outcome(as_received(messages), job.body)
 
     async def _fallback(
-        self, exc: Exception, job: _Job, pipeline: tuple[StrategyName, ...], budget: Budget
-    ) -> tuple[_Outcome, str]:
+        self, exc: Exception, job: Job, pipeline: tuple[StrategyName, ...], budget: Budget
+    ) -> tuple[Outcome, str]:
         """After an unexpected error in compaction: plain `trim` (nothing when the request asked
         for no compaction), or if that fails too, the messages as received. The string says what
         the request got and why."""
@@ -243,17 +204,17 @@ class CompactionService:
             logger.exception(
                 "trim failed too for %s; forwarding the messages as received", job.model
             )
-            return _Outcome(as_received(job.conversation.messages), job.body), f"none: {why}"
+            return Outcome(as_received(job.conversation.messages), job.body), f"none: {why}"
         return outcome, f"{trimmed[0] if trimmed else 'none'}: {why}"
 
     async def _compact(
-        self, job: _Job, pipeline: tuple[StrategyName, ...], budget: Budget
-    ) -> _Outcome:
+        self, job: Job, pipeline: tuple[StrategyName, ...], budget: Budget
+    ) -> Outcome:
         """Run the pipeline. With `summarize`, the cut is the plan's whatever the summary's
         state: the summary stands for the cut span when it is cached (or, in wait mode, made
         for this request), else nothing does (DESIGN.md §12)."""
         messages = job.conversation.messages
-        off = partial(run_off, self._heavy(messages))  # where this request's work runs, once
+        off = partial(run_off, is_heavy(messages, self._replays))  # where its work runs, once
         replays = None
         if self._replays is not None:
             replays = Replays(self._replays, partial(self._counter.counting, job.model))
@@ -264,7 +225,7 @@ class CompactionService:
         summarizing = self._summarizing
         if "summarize" not in pipeline or summarizing is None:
 
-            def whole() -> _Outcome:  # counting, planning and rendering: one hop
+            def whole() -> Outcome:  # counting, planning and rendering: one hop
                 return job.rendered(compacting(job.count_fixed()))
 
             return await off(whole)
@@ -299,7 +260,7 @@ class CompactionService:
         summary = await summarizing.job(asked, the_plan, reserved)
         stand = await summarizing.stand_in(asked, summary)
 
-        def stood_in() -> _Outcome:
+        def stood_in() -> Outcome:
             result = compaction(summary=stand.text)
             if stand.text is None:
                 result = without_summary(
@@ -308,19 +269,6 @@ class CompactionService:
             return job.rendered(result, summary.usage, stand)
 
         return await off(stood_in)
-
-    def _heavy(self, messages: Sequence[Mapping[str, Any]]) -> bool:
-        """Whether this request's counting, planning and rendering may hold up the event loop:
-        a large history (`is_large`), unless a replay remembered covers all of it but a little
-        (a conversation's next request counts, replays and renders only what it adds) and it is
-        not huge (an event prices every unit since the last one). A hop to a worker thread
-        costs more than such a request's work."""
-        if not is_large(messages):
-            return False
-        replays, text = self._replays, messages_text(messages)
-        if replays is None or text is None or len(messages) > INLINE_COVERED_MESSAGES:
-            return True
-        return not replays.covers(text, OFFLOAD_CHARS // 4)
 
     def _budget(self, controls: Controls, window: int, reserve: int) -> Budget:
         threshold = controls.threshold or self._settings.threshold
@@ -372,33 +320,7 @@ class CompactionService:
         return replace(compacted, headers=headers, ledger_id=ledger_id, cuts=cuts)
 
     def _compacted(self, wire: WireFormat, preview: Preview) -> Compacted:
-        result = preview.result
-        if result.over_budget and self._settings.on_overflow is OnOverflow.REJECT:
-            raise ContextLengthExceeded(
-                f"the conversation needs {result.tokens_after} tokens after compaction, more than "
-                f"the {preview.window - preview.reserve}-token budget of this model's "
-                f"{preview.window}-token window",
-                param=HISTORY_PARAM[wire.api],
-            )
-        # unchanged: the request's own list (never changed), whose JSON text is known already
-        # (app/jsontext.py)
-        shown = preview.conversation.messages if not result.applied else list(result.messages)
-        view = {**preview.conversation.fixed, "messages": shown}
-        return Compacted(
-            body=preview.forwarded,
-            forward=orjson.dumps(preview.forwarded) if preview.changed else None,
-            view=view,
-            headers=report_headers(preview),
-            tokens_before=result.tokens_before,
-            tokens_after=result.tokens_after,
-            context_limit=preview.window,
-            strategies=result.applied,
-            summary_usage=preview.summary_usage,
-            summary_model=preview.summary_model,
-            refs=result.refs,
-            budget=preview.window - preview.reserve,
-            after_answer=preview.after,
-        )
+        return compacted_of(wire, preview, self._settings.on_overflow)
 
     def learn(
         self,
@@ -414,7 +336,7 @@ class CompactionService:
         base_url, status, content = overflow
         info = parse_overflow(status, content)
         if info is not None and info.window is None and info.prompt_tokens is None:
-            info = _bound(wire, body, failed)
+            info = overflow_bound(wire, body, failed)
         if info is None:
             return None
         model: str = body["model"]
@@ -473,95 +395,3 @@ class CompactionService:
         estimate = (sent.tokens_after, sent.context_limit)
         trusted = self._counter.is_exact(model) or model in self._counter.calibration_factors()
         return learn_silent_cut(self._windows, base_url, model, reported, estimate, trusted)
-
-
-def _bound(wire: WireFormat, body: Mapping[str, Any], failed: Compacted) -> OverflowInfo | None:
-    """What an overflow that states no number teaches (the Responses API's "Your input exceeds
-    the context window of this model"): the prompt that failed, as estimated, is more than the
-    window holds — an upper bound, learned when it is below the window assumed (else the retry
-    would be the same). Not for a request forwarded as received: what it sent is not all the
-    upstream counted (server-side history)."""
-    if failed.tokens_after <= 0 or wire.conversation(body).skip is not None:
-        return None
-    bound = failed.tokens_after
-    return OverflowInfo(bound, None) if bound < failed.context_limit else None
-
-
-@dataclass(frozen=True, slots=True)
-class _Job:
-    """One request being compacted: its adapter, body, view, models and where it goes."""
-
-    wire: WireFormat
-    body: dict[str, Any]  # without control keys
-    conversation: Conversation
-    model: str
-    summary_model: str
-    base_url: str
-    headers: Mapping[str, str]
-    counter: TokenCounter
-    protect: frozenset[str] = frozenset()  # tools whose outputs only the last unit may cut
-    restore: bool = False  # a marker stands for every cut; markers' refs resolved (§11)
-    counted: dict[int, int] = field(default_factory=dict)  # see count_within
-    wait: bool = False  # a compaction event waits for its summary (§12)
-    forwarded: bool = False  # not a preview: see `Asked.forwarded`
-    later: list[Callable[[], object]] = field(default_factory=list)  # see `Asked.later`
-    after: list[Callable[[], object]] = field(default_factory=list)  # see `Asked.after`
-
-    def count(self, message: Mapping[str, Any]) -> int:
-        messages = self.conversation.messages
-        return count_within(self.counter, self.model, messages, self.counted, message)
-
-    def asked(self) -> Asked:
-        """What this request's summary is asked with."""
-        return Asked(
-            self.conversation.messages,
-            self.model,
-            self.summary_model,
-            self.base_url,
-            self.headers,
-            self.wire.api,
-            self.count,
-            self.wait,
-            self.forwarded,
-            self.later,
-            self.after,
-        )
-
-    def count_fixed(self) -> int:
-        """The tokens of what every prompt carries whatever is cut (tools, instructions)."""
-        return self.counter.count_fixed(self.model, self.conversation.fixed)
-
-    def rendered(
-        self,
-        result: CompactionResult,
-        usage: SummaryUsage | None = None,
-        stand: StandIn | None = None,
-    ) -> _Outcome:
-        """The outcome of `result`: the body rendered back by the adapter when it changed;
-        `stand`: what stood for its cut span, when its event needed a summary."""
-        forwarded = (
-            self.wire.render(self.body, self.conversation, result.messages, result.sources)
-            if result.applied
-            else self.body
-        )
-        return _Outcome(result, forwarded, usage or SummaryUsage(), stand)
-
-
-@dataclass(frozen=True, slots=True)
-class _Outcome:
-    result: CompactionResult
-    forwarded: dict[str, Any]
-    usage: SummaryUsage = field(default_factory=SummaryUsage)
-    stand: StandIn | None = None  # what stood for the cut span, when the event needed a summary
-
-
-def _view(wire: WireFormat, body: dict[str, Any]) -> Conversation:
-    """The adapter's view of `body`. A request it refuses is a 400 (`BadRequest`); one it fails
-    on (a bug, not the client's fault) is forwarded as received, never a 500."""
-    try:
-        return wire.conversation(body)
-    except ProxyError:
-        raise
-    except Exception as exc:
-        logger.exception("the %s adapter failed on a request; forwarding it as received", wire.api)
-        return Conversation(messages=(), fixed=body, skip=f"{type(exc).__name__} in the adapter")

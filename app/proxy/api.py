@@ -18,8 +18,8 @@ from app.proxy.sse_tap import Usage
 from app.usage.records import Outcome
 
 if TYPE_CHECKING:
+    from app.compaction.compacted import Compacted
     from app.compaction.formats import WireFormat
-    from app.compaction.service import Compacted
     from app.compaction.summary.prompt import SummaryUsage
 
 # (bytes to forward, the parsed body) -> (bytes asking for stream usage, cut the usage chunk)

@@ -33,7 +33,7 @@ from app.proxy.upstream import read_all
 if TYPE_CHECKING:
     import httpx
 
-    from app.compaction.service import Compacted
+    from app.compaction.compacted import Compacted
 
 TOOL_NAME = "inflight_restore"
 MAX_ROUNDS = 3  # upstream requests per client request; the last one does not offer the tool

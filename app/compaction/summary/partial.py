@@ -21,7 +21,8 @@ from typing import Any
 
 import orjson
 
-from app.compaction.planner import MessageCounter, Plan
+from app.compaction.rendering import Plan
+from app.compaction.unit_costs import MessageCounter
 
 RECORD = ":stand-in"  # the suffix of the key the choice for a span is recorded under
 

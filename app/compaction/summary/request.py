@@ -17,14 +17,15 @@ import orjson
 
 from app.compaction.formats import ApiName
 from app.compaction.offload import offload
-from app.compaction.planner import MessageCounter, Plan
 from app.compaction.policy import Budget
+from app.compaction.rendering import Plan
 from app.compaction.report import SummaryState
 from app.compaction.summary.ahead import Replan, next_events
 from app.compaction.summary.background import BackgroundSummaries
 from app.compaction.summary.partial import OWN, Chosen, covered
 from app.compaction.summary.prompt import Completer, SummaryFailed
 from app.compaction.summary.rolling import Summaries, SummaryJob, boundary_keys
+from app.compaction.unit_costs import MessageCounter
 from app.lru import BoundedLRU
 from app.settings import Settings
 from app.tokens.counter import TokenCounter

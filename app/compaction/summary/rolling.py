@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from app.compaction.planner import Plan, render_span
+from app.compaction.rendering import Plan, render_span
 from app.compaction.summary.cache import SummaryFlight
 from app.compaction.summary.partial import Chosen, record_key
 from app.compaction.summary.prompt import (

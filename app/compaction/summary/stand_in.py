@@ -15,8 +15,8 @@ from dataclasses import replace
 from typing import Any
 
 from app.compaction.engine import CompactionResult
-from app.compaction.planner import MessageCounter
 from app.compaction.policy import Budget, StrategyName
+from app.compaction.unit_costs import MessageCounter
 
 OMITTED = "[inflight: earlier turns of this conversation were left out to fit the context]"
 

@@ -7,10 +7,10 @@ from typing import Any, NoReturn
 from fastapi import APIRouter, Request
 from starlette.exceptions import HTTPException
 
+from app.compaction.compacted import HISTORY_PARAM
 from app.compaction.formats import ApiName
 from app.compaction.formats.detect import detect_api
 from app.compaction.report import Preview, count_report, preview_report
-from app.compaction.service import HISTORY_PARAM
 from app.http import openapi_compaction
 from app.http.body import parse_model_body, read_body
 from app.http.routes.passthrough import METHODS

@@ -1,0 +1,101 @@
+"""What the compaction service hands the API service: the body and bytes to forward, the
+`X-Compaction-*` report and the numbers for the usage record (`Compacted`), built from a
+request's `Preview`; and what an upstream overflow that states no number teaches."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from app.compaction.cuts import Cut
+from app.compaction.formats import ApiName, Conversation, WireFormat
+from app.compaction.policy import StrategyName
+from app.compaction.report import Preview, report_headers
+from app.compaction.summary.prompt import SummaryUsage
+from app.errors import ContextLengthExceeded
+from app.settings import OnOverflow
+from app.windows.overflow import OverflowInfo
+
+# The request field that holds the history, per API (named by a too-long-to-fit error).
+HISTORY_PARAM: dict[ApiName, str] = {
+    "chat": "messages",
+    "responses": "input",
+    "messages": "messages",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Compacted:
+    """What the API service forwards after compaction, and what it reports about it."""
+
+    body: dict[str, Any]  # the body forwarded
+    forward: bytes | None  # its bytes; None: the bytes as received
+    view: Mapping[str, Any]  # the chat-shaped view of `body`, for calibrating on the usage
+    headers: dict[str, str]  # the `X-Compaction-*` report (DESIGN.md §2)
+    tokens_before: int
+    tokens_after: int
+    context_limit: int
+    strategies: tuple[StrategyName, ...]
+    summary_usage: SummaryUsage
+    summary_model: str
+    ledger_id: str | None = None  # `X-Compaction-Id`: the ledger row of what was cut (§11)
+    cuts: tuple[Cut, ...] = ()  # what was cut, for that row
+    # restoring: what the forwarded markers' refs stand for (app/compaction/restorable.py)
+    refs: Mapping[str, str] = field(default_factory=dict)
+    budget: int = 0  # the window less the output reserve (what restored texts may fill)
+    # what starts once the answer is on its way (not after an error): summaries ahead
+    after_answer: tuple[Callable[[], object], ...] = ()
+
+
+def view_body(conversation: Conversation) -> dict[str, Any]:
+    """The request as the counter sees it: the fixed parts and the chat-shaped messages."""
+    return {**conversation.fixed, "messages": list(conversation.messages)}
+
+
+def compacted_of(wire: WireFormat, preview: Preview, on_overflow: OnOverflow) -> Compacted:
+    """What to forward for `preview`, and what to report about it (a 400 when it is over the
+    budget and `INFLIGHT_ON_OVERFLOW=reject`)."""
+    result = preview.result
+    if result.over_budget and on_overflow is OnOverflow.REJECT:
+        raise ContextLengthExceeded(
+            f"the conversation needs {result.tokens_after} tokens after compaction, more than "
+            f"the {preview.window - preview.reserve}-token budget of this model's "
+            f"{preview.window}-token window",
+            param=HISTORY_PARAM[wire.api],
+        )
+    # unchanged: the request's own list (never changed), whose JSON text is known already
+    # (app/jsontext.py)
+    shown = preview.conversation.messages if not result.applied else list(result.messages)
+    view = {**preview.conversation.fixed, "messages": shown}
+    return Compacted(
+        body=preview.forwarded,
+        forward=orjson.dumps(preview.forwarded) if preview.changed else None,
+        view=view,
+        headers=report_headers(preview),
+        tokens_before=result.tokens_before,
+        tokens_after=result.tokens_after,
+        context_limit=preview.window,
+        strategies=result.applied,
+        summary_usage=preview.summary_usage,
+        summary_model=preview.summary_model,
+        refs=result.refs,
+        budget=preview.window - preview.reserve,
+        after_answer=preview.after,
+    )
+
+
+def overflow_bound(
+    wire: WireFormat, body: Mapping[str, Any], failed: Compacted
+) -> OverflowInfo | None:
+    """What an overflow that states no number teaches (the Responses API's "Your input exceeds
+    the context window of this model"): the prompt that failed, as estimated, is more than the
+    window holds — an upper bound, learned when it is below the window assumed (else the retry
+    would be the same). Not for a request forwarded as received: what it sent is not all the
+    upstream counted (server-side history)."""
+    if failed.tokens_after <= 0 or wire.conversation(body).skip is not None:
+        return None
+    bound = failed.tokens_after
+    return OverflowInfo(bound, None) if bound < failed.context_limit else None

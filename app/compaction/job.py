@@ -1,0 +1,98 @@
+"""One request being compacted (`Job`): its adapter, body, view, models and where it goes, how
+its messages are counted, and what its pipeline came to (`Outcome`)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.compaction.engine import CompactionResult
+from app.compaction.formats import Conversation, WireFormat
+from app.compaction.summary.prompt import SummaryUsage
+from app.compaction.summary.request import Asked, StandIn
+from app.errors import ProxyError
+from app.tokens.counter import TokenCounter, count_within
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One request being compacted: its adapter, body, view, models and where it goes."""
+
+    wire: WireFormat
+    body: dict[str, Any]  # without control keys
+    conversation: Conversation
+    model: str
+    summary_model: str
+    base_url: str
+    headers: Mapping[str, str]
+    counter: TokenCounter
+    protect: frozenset[str] = frozenset()  # tools whose outputs only the last unit may cut
+    restore: bool = False  # a marker stands for every cut; markers' refs resolved (§11)
+    counted: dict[int, int] = field(default_factory=dict)  # see count_within
+    wait: bool = False  # a compaction event waits for its summary (§12)
+    forwarded: bool = False  # not a preview: see `Asked.forwarded`
+    later: list[Callable[[], object]] = field(default_factory=list)  # see `Asked.later`
+    after: list[Callable[[], object]] = field(default_factory=list)  # see `Asked.after`
+
+    def count(self, message: Mapping[str, Any]) -> int:
+        messages = self.conversation.messages
+        return count_within(self.counter, self.model, messages, self.counted, message)
+
+    def asked(self) -> Asked:
+        """What this request's summary is asked with."""
+        return Asked(
+            self.conversation.messages,
+            self.model,
+            self.summary_model,
+            self.base_url,
+            self.headers,
+            self.wire.api,
+            self.count,
+            self.wait,
+            self.forwarded,
+            self.later,
+            self.after,
+        )
+
+    def count_fixed(self) -> int:
+        """The tokens of what every prompt carries whatever is cut (tools, instructions)."""
+        return self.counter.count_fixed(self.model, self.conversation.fixed)
+
+    def rendered(
+        self,
+        result: CompactionResult,
+        usage: SummaryUsage | None = None,
+        stand: StandIn | None = None,
+    ) -> Outcome:
+        """The outcome of `result`: the body rendered back by the adapter when it changed;
+        `stand`: what stood for its cut span, when its event needed a summary."""
+        forwarded = (
+            self.wire.render(self.body, self.conversation, result.messages, result.sources)
+            if result.applied
+            else self.body
+        )
+        return Outcome(result, forwarded, usage or SummaryUsage(), stand)
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    result: CompactionResult
+    forwarded: dict[str, Any]
+    usage: SummaryUsage = field(default_factory=SummaryUsage)
+    stand: StandIn | None = None  # what stood for the cut span, when the event needed a summary
+
+
+def view_of(wire: WireFormat, body: dict[str, Any]) -> Conversation:
+    """The adapter's view of `body`. A request it refuses is a 400 (`BadRequest`); one it fails
+    on (a bug, not the client's fault) is forwarded as received, never a 500."""
+    try:
+        return wire.conversation(body)
+    except ProxyError:
+        raise
+    except Exception as exc:
+        logger.exception("the %s adapter failed on a request; forwarding it as received", wire.api)
+        return Conversation(messages=(), fixed=body, skip=f"{type(exc).__name__} in the adapter")

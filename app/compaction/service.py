@@ -381,9 +381,9 @@ class CompactionService:
         return compacted
 
     def _cuts(self, preview: Preview) -> tuple[Cut, ...]:
-        messages = list(preview.conversation.messages)
-        # the counts planning just made (the counter's prefix cache: no message counted again)
-        tokens = self._counter.count_messages(preview.body["model"], messages)
+        # the counts planning just made (the counter's prefix cache: no message counted again),
+        # of the very list planning counted (its JSON text known: app/jsontext.py)
+        tokens = self._counter.count_messages(preview.body["model"], preview.conversation.messages)
         keep = self._ledger is LedgerMode.FULL
         return cuts_of(preview.conversation, preview.result, tokens, keep)
 

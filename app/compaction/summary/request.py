@@ -105,7 +105,6 @@ class RequestSummaries:
     async def job(self, asked: Asked, the_plan: Plan, reserved: int) -> SummaryJob:
         """What making the summary of `the_plan`'s cut span takes."""
         window = await self._windows.window_for(asked.summary_model, asked.base_url)
-        upstream_of = self._upstream_of
         return SummaryJob(
             messages=asked.messages,
             plan=the_plan,
@@ -114,8 +113,13 @@ class RequestSummaries:
             summary_tokens=reserved,
             chunk_tokens=max(256, window.tokens - 2 * reserved - PROMPT_OVERHEAD),
             count_text=partial(self._counter.count_text, asked.summary_model),
-            upstream=upstream_of(asked.summary_model, asked.api) if upstream_of else asked.base_url,
+            upstream=self._summary_upstream(asked),
         )
+
+    def _summary_upstream(self, asked: Asked) -> str:
+        """The base URL of the upstream `asked`'s summaries go to (default: the request's)."""
+        upstream_of = self._upstream_of
+        return upstream_of(asked.summary_model, asked.api) if upstream_of else asked.base_url
 
     async def ahead(
         self,
@@ -170,9 +174,7 @@ class RequestSummaries:
         the answer's way on a busy event loop."""
         if not self._settings.summary_when_idle:
             return True
-        upstream_of = self._upstream_of
-        summaries_go = upstream_of(asked.summary_model, asked.api) if upstream_of else None
-        return summaries_go is not None and _server(summaries_go) != _server(asked.base_url)
+        return _server(self._summary_upstream(asked)) != _server(asked.base_url)
 
     async def _predict(
         self,

@@ -83,3 +83,37 @@ def test_the_stage_names_what_broke() -> None:
         error.message
         == "upstream http://upstream.test/v1/chat/completions stream broke (ReadError)"
     )
+
+
+HEADER_SETS: list[list[tuple[str, str]]] = [
+    [],
+    [("authorization", "Bearer k"), ("content-type", "application/json")],
+    [("User-Agent", "OpenAI/Python 1.99"), ("Accept-Encoding", "identity"), ("x-a", "1")],
+    [("accept", "text/event-stream"), ("x-dup", "1"), ("x-dup", "2"), ("connection", "close")],
+]
+
+
+@pytest.mark.parametrize("headers", HEADER_SETS)
+@pytest.mark.parametrize("deadline", [None, 7.5])
+async def test_send_sends_what_the_pooled_client_would(
+    tmp_path: Path, headers: list[tuple[str, str]], deadline: float | None
+) -> None:
+    """`send` skips `AsyncClient.send` (no auth, redirects, cookies or hooks to run) but the
+    upstream gets the very request the client would build: its default headers unless the
+    client's replace them, the same order, body, timeouts; and the response carries it."""
+    seen: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, content=b"{}")
+
+    upstream = Upstream(make_settings(tmp_path), transport=httpx.MockTransport(answer))
+    response = await upstream.send("POST", URL, headers, b'{"a":1}', deadline=deadline)
+    assert await read_all(response) == b"{}"
+    assert response.request is seen[0]
+    timeout = upstream.client.timeout if deadline is None else httpx.Timeout(deadline)
+    built = upstream.client.build_request("POST", URL, headers=headers, content=b'{"a":1}')
+    assert seen[0].headers.raw == built.headers.raw
+    assert (seen[0].method, seen[0].url, seen[0].content) == (built.method, built.url, b'{"a":1}')
+    assert seen[0].extensions["timeout"] == timeout.as_dict()
+    await upstream.aclose()

@@ -8,11 +8,13 @@ import copy
 from collections.abc import Mapping
 from itertools import pairwise
 from typing import Any
+from unittest.mock import patch
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import app.compaction.quiet as quiet
 from app.compaction.planner import plan
 from app.compaction.policy import Budget, StrategyName
 from app.compaction.rendering import render
@@ -110,6 +112,29 @@ def test_a_plan_resumed_from_the_cache_is_the_plan_from_scratch(
     # a request of one may stop exactly where a replay of the other was remembered
     second = [*first[: data.draw(st.integers(0, len(first)))], *second]
     lengths = [0, 0]
+    # quiet marks (app/compaction/quiet.py) go back to a whole replay every few units, or 64
+    marks = patch.object(quiet, "MAX_UNITS", data.draw(st.sampled_from([1, 3, 64])))
+    marks.start()
+    try:
+        _grow(first, second, lengths, data, counter, replays, budget, pipeline, fixed,
+              summary_tokens, options)  # fmt: skip
+    finally:
+        marks.stop()
+
+
+def _grow(
+    first: list[dict[str, Any]],
+    second: list[dict[str, Any]],
+    lengths: list[int],
+    data: st.DataObject,
+    counter: Calibrated,
+    replays: Replays,
+    budget: Budget,
+    pipeline: tuple[StrategyName, ...],
+    fixed: int,
+    summary_tokens: int,
+    options: dict[str, Any],
+) -> None:
     while lengths[0] < len(first) or lengths[1] < len(second):
         which = data.draw(st.integers(0, 1))
         messages = (first, second)[which]

@@ -31,6 +31,7 @@ from typing import Any
 
 from app.compaction.middle_out import MiddleOut
 from app.compaction.policy import Budget, StrategyName
+from app.compaction.quiet import Quiet, quiet_plan, still_quiet
 from app.compaction.rendering import Plan
 from app.compaction.replay_state import Replay
 from app.compaction.replays import Recall, Replays
@@ -46,24 +47,7 @@ def _quiet(shape: UnitRoles, costs: UnitCosts, head_cost: int, trigger: int) -> 
     would end where it starts (nothing cut, dropped, truncated or pruned). None otherwise."""
     n, head = len(shape.units), shape.head
     total = head_cost + sum(costs.render(i, 0, False) for i in range(head, n))
-    if total > trigger:
-        return None
-    return Plan(
-        units=shape.units,
-        head=head,
-        cut=head,
-        dropped=frozenset(),
-        truncated=frozenset(),
-        pruned_before=head,
-        cap=costs.cap,
-        events=(),
-        summarize=False,
-        tokens_before=total,
-        tokens_after=total,
-        strict=shape.strict(n),
-        pinned=shape.pinned,
-        protect=costs.protect,
-    )
+    return quiet_plan(shape, costs, total) if total <= trigger else None
 
 
 # The arguments of `plan()` that are not part of a remembered replay's key: every other one is
@@ -90,13 +74,24 @@ def plan(
     (the plan is exactly the one a replay from the first message gives), and is remembered."""
     inputs = tuple(sorted((k, v) for k, v in locals().items() if k not in UNKEYED))
     recall = Recall.of(replays, inputs, messages)
-    saved: Replay | None = recall.found.state if recall and recall.found else None
+    saved: Replay | Quiet | None = recall.found.state if recall and recall.found else None
     extended = saved.shape.extended(messages) if saved is not None else None
     shape = extended or UnitRoles.of(messages)
     n, head = len(shape.units), shape.head
     costs = UnitCosts(messages, shape.units, count, cap_chars(budget.budget), protect)
+    # A history with no user message yet is not kept: its head may still move.
+    keep = recall is not None and recall.replays.keep and shape.head_user
     if saved is not None and extended is not None:
-        replay = saved.resumed(extended, costs)
+        calm = still_quiet(saved, extended, costs, budget.trigger, keep)
+        if calm is not None:  # under the trigger since a pristine replay: only a mark is kept
+            the_plan, mark = calm
+            if recall is not None and mark is not None:
+                recall.remember(mark, messages, shape.units[-1].start)
+            return the_plan
+        if isinstance(saved, Quiet):
+            replay = saved.materialized(extended, costs)
+        else:
+            replay = saved.resumed(extended, costs)
     else:
         head_cost = fixed_tokens + sum(costs.render(i, 0, False) for i in range(head))
         quiet = None if recall is not None else _quiet(shape, costs, head_cost, budget.trigger)
@@ -121,11 +116,10 @@ def plan(
             replayed=head,
             before=head_cost,
         )
-    # A history with no user message yet is not kept: its head may still move.
-    keep = recall is not None and recall.replays.keep and shape.head_user
     kept = replay.replay(budget.trigger, keep)
     if recall is not None and kept is not None:
         recall.remember(kept, messages, shape.units[-1].start)
     elif saved is not None and recall is not None and not recall.replays.keep:
-        saved.costs.learn(costs, saved.replayed)
+        start = saved.start if isinstance(saved, Quiet) else saved  # a mark's costs are its own
+        start.costs.learn(costs, start.replayed)
     return replay.result()

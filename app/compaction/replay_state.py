@@ -67,6 +67,17 @@ class Replay:
             events=list(self.events),
         )
 
+    @property
+    def pristine(self) -> bool:
+        """Whether nothing has happened to the prefix replayed so far: nothing cut, dropped,
+        truncated or pruned (an event that crossed the trigger may have found nothing to do)."""
+        head = self.shape.head
+        return (
+            self.cut == head
+            and self.pruned_before == head
+            and not (self.dropped or self.truncated or self.deep or self.events)
+        )
+
     def saved(self) -> Replay:
         """The state now, for the prefix replayed alone and holding no message: what a
         replay cache keeps."""

@@ -23,7 +23,8 @@ from app.compaction.summary.rolling import Summaries, SummaryJob
 from app.dashboard.assets import DashboardAssets
 from app.errors import BadRequest, ProxyError
 from app.http.auth import KeyChecker
-from app.http.errors import error_response, proxy_error_handler
+from app.http.errors import error_response, proxy_error_handler, unexpected_error_handler
+from app.http.hot import InflightApp
 from app.http.routes import (
     chat,
     compaction,
@@ -84,11 +85,6 @@ async def _http_error_handler(request: Request, exc: Exception) -> Response:
     response = error_response(error)
     response.headers.update(exc.headers or {})
     return response
-
-
-async def _unexpected_error_handler(request: Request, exc: Exception) -> Response:
-    logger.exception("unexpected error on %s %s", request.method, request.url.path)
-    return error_response(ProxyError("internal error in the proxy"))
 
 
 def _compaction(
@@ -259,11 +255,16 @@ def create_app(
 
 def _asgi_app(state: AppState, lifespan: Lifespan) -> FastAPI:
     """The FastAPI app over `state`: its error handlers and routes, in matching order."""
-    app = FastAPI(title="inflight", version=__version__, lifespan=lifespan)
+    app = InflightApp(title="inflight", version=__version__, lifespan=lifespan)
     app.state.inflight = state
+    app.hot = {  # served ahead of the router (app/http/hot.py)
+        "/v1/chat/completions": chat.chat_completions,
+        "/v1/responses": responses.create_response,
+        "/v1/messages": messages.create_message,
+    }
     app.add_exception_handler(ProxyError, proxy_error_handler)
     app.add_exception_handler(HTTPException, _http_error_handler)
-    app.add_exception_handler(Exception, _unexpected_error_handler)
+    app.add_exception_handler(Exception, unexpected_error_handler)
     app.include_router(ops.router)
     app.include_router(chat.router)
     app.include_router(responses.router)

@@ -7,6 +7,7 @@ uses it; every other route answers in OpenAI's envelope.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -15,6 +16,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from app.errors import ProxyError
+
+logger = logging.getLogger(__name__)
 
 ErrorBody = Callable[[ProxyError], dict[str, Any]]
 
@@ -31,3 +34,9 @@ async def proxy_error_handler(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ProxyError)
     envelope: ErrorBody = getattr(request.state, "error_body", ProxyError.body)
     return error_response(exc, envelope)
+
+
+async def unexpected_error_handler(request: Request, exc: Exception) -> Response:
+    """Any other error: logged with its traceback, a 500 in OpenAI's envelope."""
+    logger.exception("unexpected error on %s %s", request.method, request.url.path)
+    return error_response(ProxyError("internal error in the proxy"))

@@ -33,7 +33,7 @@ from app.cli.simulate import request_points
 from app.compaction.engine import compact
 from app.compaction.policy import Budget, StrategyName
 from app.compaction.replays import ReplayCache, Replays
-from app.tokens.counter import ChatTokenCounter, count_within
+from app.tokens.counter import ChatTokenCounter, Counted, count_within
 from app.tokens.encodings import EncodingSet, load_encodings
 from app.tokens.heuristic import heuristic_tokens, heuristic_tokens_by_regex
 from bench.overhead import _bare_relay
@@ -246,7 +246,7 @@ def _count_and_plan(
     samples = []
     for k in range(start, start + count):
         request = orjson.loads(orjson.dumps(messages[:k]))  # a new request's own objects
-        memo: dict[int, int] = {}
+        memo = Counted()
         begin = time.perf_counter()
         fixed = counter.count_fixed("gpt-4o", {"messages": request})
         compact(
@@ -334,7 +334,7 @@ def event_plan_times(window: int = 16_384) -> str:
             last: tuple[int, ...] = ()
             for k in points:
                 request = copy.deepcopy(messages[:k])  # a new request's own objects
-                memo: dict[int, int] = {}  # as the service counts: the request at once
+                memo = Counted()  # as the service counts: the request at once
                 start = time.perf_counter()
                 fixed = counter.count_fixed("gpt-4o", {"messages": request})
                 result = compact(

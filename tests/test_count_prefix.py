@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.tokens import prefixes
-from app.tokens.counter import ChatTokenCounter, count_within
+from app.tokens.counter import ChatTokenCounter, Counted, count_within
 from app.tokens.encodings import load_encodings
 
 ENCODINGS = load_encodings()
@@ -79,7 +79,7 @@ def test_remembered_conversations_are_bounded(monkeypatch: Any) -> None:
 def test_count_within_counts_copies_on_their_own() -> None:
     counter = ChatTokenCounter(ENCODINGS)
     messages = [{"role": "user", "content": "hello " * 20}]
-    memo: dict[int, int] = {}
+    memo = Counted()
     assert count_within(counter, "gpt-4o", messages, memo, messages[0]) == counter.count_message(
         "gpt-4o", messages[0]
     )
@@ -87,7 +87,34 @@ def test_count_within_counts_copies_on_their_own() -> None:
     assert count_within(counter, "gpt-4o", messages, memo, shorter) == counter.count_message(
         "gpt-4o", shorter
     )
-    assert len(memo) == 1
+    assert memo.counts == [counter.count_message("gpt-4o", messages[0])]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 600), st.lists(st.integers(0, 599), max_size=20), st.booleans())
+def test_count_within_finds_every_message_indexing_from_the_newest(
+    size: int, lookups: list[int], copy_first: bool
+) -> None:
+    """Each message of the request gets its own count, the same object twice or a copy of one
+    too, however the lookups go; a request that looks up only its newest messages indexes only
+    a stretch at the end of them."""
+    counter = ChatTokenCounter(ENCODINGS)
+    shared = {"role": "user", "content": "the same object twice"}
+    messages = [{"role": "user", "content": f"message {i} " * (i % 7 + 1)} for i in range(size)]
+    messages[size // 2] = messages[-1] = shared
+    memo = Counted()
+    if copy_first:  # a copy, not in the list: found nowhere, counted on its own
+        copied = dict(messages[0])
+        assert count_within(counter, "m", messages, memo, copied) == counter.count_message(
+            "m", copied
+        )
+    for i in [size - 1, *(i % size for i in lookups)]:
+        expected = counter.count_message("m", messages[i])
+        assert count_within(counter, "m", messages, memo, messages[i]) == expected
+    tail = Counted()
+    for message in messages[-3:]:
+        count_within(counter, "m", messages, tail, message)
+    assert len(tail.ids) <= max(16, 3)
 
 
 @settings(max_examples=100, deadline=None)

@@ -22,7 +22,7 @@ from app.compaction.replays import ReplayCache, Replays
 from app.compaction.summary.ahead import next_event
 from app.compaction.summary.rolling import summary_budget
 from app.compaction.units import UnitRoles
-from app.tokens.counter import ChatTokenCounter, count_within
+from app.tokens.counter import ChatTokenCounter, Counted, count_within
 from app.tokens.encodings import load_encodings
 from tests.conversations import agent_session, conversations, simple_count
 
@@ -260,7 +260,7 @@ def test_a_calibration_change_is_never_served_a_stale_replay() -> None:
     pipeline: tuple[StrategyName, ...] = ("truncate", "prune", "trim")
 
     def planned(request: list[dict[str, Any]], remembered: bool) -> Any:
-        memo: dict[int, int] = {}
+        memo = Counted()
         count = lambda m: count_within(counter, model, request, memo, m)  # noqa: E731
         return plan(request, pipeline, budget, count, 0, replays=replays if remembered else None)
 

@@ -13,7 +13,7 @@ from app.compaction.formats import Conversation, WireFormat
 from app.compaction.summary.prompt import SummaryUsage
 from app.compaction.summary.request import Asked, StandIn
 from app.errors import ProxyError
-from app.tokens.counter import TokenCounter, count_within
+from app.tokens.counter import Counted, TokenCounter, count_within
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ class Job:
     counter: TokenCounter
     protect: frozenset[str] = frozenset()  # tools whose outputs only the last unit may cut
     restore: bool = False  # a marker stands for every cut; markers' refs resolved (§11)
-    counted: dict[int, int] = field(default_factory=dict)  # see count_within
+    counted: Counted = field(default_factory=Counted)  # see count_within
     wait: bool = False  # a compaction event waits for its summary (§12)
     forwarded: bool = False  # not a preview: see `Asked.forwarded`
     later: list[Callable[[], object]] = field(default_factory=list)  # see `Asked.later`

@@ -104,3 +104,13 @@ async def test_a_bug_is_a_500_and_reaches_the_server(
     async with httpx.AsyncClient(transport=loud, base_url="http://proxy.test") as client:
         with pytest.raises(RuntimeError, match="a bug"):
             await client.post("/v1/chat/completions", json=CHAT)
+
+
+async def test_the_query_string_goes_upstream_as_sent(
+    client: httpx.AsyncClient, fake: FakeUpstream
+) -> None:
+    """Azure-style `?api-version=…` on a compacting route reaches the upstream byte for byte."""
+    answer = await client.post("/v1/chat/completions?api-version=2024-01-01&x=%20y", json=CHAT)
+    assert answer.status_code == 200
+    assert fake.requests[-1].path == "/v1/chat/completions"
+    assert fake.requests[-1].query == "api-version=2024-01-01&x=%20y"

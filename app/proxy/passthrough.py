@@ -62,7 +62,7 @@ class PassthroughService:
         content = (
             limited_stream(request, self._settings.max_body_bytes) if _has_body(request) else None
         )
-        url = self._upstream.url(route, v1_path, request.url.query.encode())
+        url = self._upstream.url(route, v1_path, request.scope.get("query_string", b""))
         api = passthrough_route(v1_path)
         try:
             upstream = await self._upstream.send(request.method, url, headers, content)

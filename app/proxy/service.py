@@ -156,7 +156,9 @@ class ApiService:
             identity=True,
             key_header="x-api-key" if self.api.anthropic else "authorization",
         )
-        url = self._upstream.url(route, self.api.upstream_path, request.url.query.encode())
+        url = self._upstream.url(
+            route, self.api.upstream_path, request.scope.get("query_string", b"")
+        )
 
         async def send_round(body: dict[str, Any]) -> httpx.Response:  # restore's next round
             content = orjson.dumps(body)

@@ -1,7 +1,8 @@
 """The smallest streaming relay one can write on inflight's stack, as a latency floor.
 
-FastAPI in, one pooled `httpx.AsyncClient` out, bytes streamed through untouched: no auth,
-counting, compaction, headers or usage. Run: `python -m bench.bare_relay PORT UPSTREAM_URL`.
+FastAPI in, one pooled `httpx.AsyncClient` out (pooled as inflight's is), bytes streamed
+through untouched: no auth, counting, compaction, headers or usage.
+Run: `python -m bench.bare_relay PORT UPSTREAM_URL`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ from starlette.responses import Response, StreamingResponse
 
 def create(upstream: str) -> FastAPI:
     app = FastAPI()
-    client = httpx.AsyncClient(base_url=upstream, timeout=60)
+    # the pool inflight's (app/proxy/upstream.py): with httpx's default (20 kept alive), 64
+    # concurrent clients churn connections and the relay measures that, not the hop
+    limits = httpx.Limits(max_connections=1000, max_keepalive_connections=200, keepalive_expiry=2)
+    client = httpx.AsyncClient(base_url=upstream, timeout=60, limits=limits, trust_env=False)
 
     @app.post("/v1/chat/completions", response_model=None)
     async def relay(request: Request) -> Response:

@@ -36,16 +36,38 @@ async def _throughput(url: str, clients: int, total: int) -> tuple[float, int]:
 
         for _ in range(clients):  # warm-up connections
             await client.post(url + "/chat/completions", json=BODY)
+        await _drained(client, url)
         start = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(clients)))
+        await _drained(client, url)
         return total / (time.perf_counter() - start), failures
+
+
+DRAIN_TIMEOUT = 120.0  # seconds
+
+
+async def _drained(client: httpx.AsyncClient, url: str) -> None:
+    """Until an inflight target has written the usage records of its requests (its
+    `/metrics` queue depth is 0), so that a target's run counts the writing of its own records
+    and none is left to slow the next target's. Other targets have no queue: at once."""
+    deadline = time.monotonic() + DRAIN_TIMEOUT
+    while time.monotonic() < deadline:
+        metrics = await client.get(url.removesuffix("/v1") + "/metrics")
+        if metrics.status_code != 200 or "inflight_usage_queue_depth" not in metrics.text:
+            return
+        for line in metrics.text.splitlines():
+            if line.startswith("inflight_usage_queue_depth") and float(line.split()[-1]) == 0:
+                return
+        await asyncio.sleep(0.01)
+    raise RuntimeError(f"{url}: usage records still queued after {DRAIN_TIMEOUT} s")
 
 
 def throughput_report(
     targets: dict[str, str], clients: int = 64, total: int = 2000, rounds: int = 3
 ) -> str:
     """Targets measured in turn, `rounds` times over, so drift (CPU boost, page cache) hits
-    them alike; each figure is the median round."""
+    them alike; each figure is the median round. An inflight target's run lasts until its
+    usage records are written (`_drained`)."""
     rates: dict[str, list[float]] = {name: [] for name in targets}
     failed = dict.fromkeys(targets, 0)
     for _ in range(rounds):

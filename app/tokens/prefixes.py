@@ -28,14 +28,15 @@ class Prefix:
         """How many leading messages `text` (a request's messages as one JSON text) has
         byte-identical to this one's. Messages are objects, so an object that starts where
         one of these starts and agrees with it up to its closing brace is that message."""
-        if scope != self.scope or not self.ends or not text.startswith(self.text[: self.ends[0]]):
+        view = memoryview(self.text)  # compared in place: no copy of a prefix
+        if scope != self.scope or not self.ends or not text.startswith(view[: self.ends[0]]):
             return 0
-        if text.startswith(self.text[: self.ends[-1]]):
+        if text.startswith(view[: self.ends[-1]]):
             return len(self.ends)  # the common case: the conversation went on
         low, high = 1, len(self.ends) - 1  # ends[low - 1] is shared; ends[high] is not
         while low <= high:
             mid = (low + high) // 2
-            if text.startswith(self.text[: self.ends[mid]]):
+            if text.startswith(view[: self.ends[mid]]):
                 low = mid + 1
             else:
                 high = mid - 1

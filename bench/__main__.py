@@ -29,7 +29,7 @@ from bench import (
     token_accuracy,
 )
 from bench.litellm import ensure_installed, litellm_proxy
-from bench.procs import bare_relay, fake_upstream, proxy, proxy_process
+from bench.procs import bare_relay, bare_relay_process, fake_upstream, proxy, proxy_process
 
 SECTIONS = (
     "hot", "latency", "load", "tokens", "compaction", "summaries", "cost", "cache", "facts",
@@ -89,15 +89,23 @@ def main() -> None:
             stored, pid = stack.enter_context(
                 proxy_process(upstream, {"INFLIGHT_DATABASE_URL": f"sqlite:///{tmp}/usage.db"})
             )
-            unrecorded = stack.enter_context(proxy(upstream, {"INFLIGHT_DATABASE_URL": "none"}))
+            unrecorded, off_pid = stack.enter_context(
+                proxy_process(upstream, {"INFLIGHT_DATABASE_URL": "none"})
+            )
+            relay, relay_pid = stack.enter_context(bare_relay_process(upstream))
             print("## Throughput, and the cost of recording usage\n")
             targets = {
                 "direct": upstream,
-                "bare relay (FastAPI + httpx)": stack.enter_context(bare_relay(upstream)),
+                "bare relay (FastAPI + httpx)": relay,
                 "inflight (usage in SQLite)": stored,
                 "inflight (recording off)": unrecorded,
             }
-            print(load.throughput_report(targets) + "\n")
+            pids = {
+                "bare relay (FastAPI + httpx)": relay_pid,
+                "inflight (usage in SQLite)": pid,
+                "inflight (recording off)": off_pid,
+            }
+            print(load.throughput_report(targets, pids=pids) + "\n")
             print("## Streaming\n")
             print(load.chunk_delay_report({"direct": upstream, "inflight": stored}) + "\n")
             print(load.memory_report(stored, pid) + "\n")

@@ -4,6 +4,7 @@ recording usage — each measured against a direct call or a variant in the same
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
 import sys
 import time
@@ -62,33 +63,62 @@ async def _drained(client: httpx.AsyncClient, url: str) -> None:
     raise RuntimeError(f"{url}: usage records still queued after {DRAIN_TIMEOUT} s")
 
 
+def _cpu_ms(pid: int) -> float:
+    """CPU time (user + system, all threads) the process has used, in ms."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
+
+
 def throughput_report(
-    targets: dict[str, str], clients: int = 64, total: int = 2000, rounds: int = 3
+    targets: dict[str, str],
+    clients: int = 64,
+    total: int = 2000,
+    rounds: int = 5,
+    pids: dict[str, int] | None = None,
 ) -> str:
     """Targets measured in turn, `rounds` times over, so drift (CPU boost, page cache) hits
-    them alike; each figure is the median round. An inflight target's run lasts until its
-    usage records are written (`_drained`)."""
+    them alike; each figure is the median round, with the slowest and fastest. An inflight
+    target's run lasts until its usage records are written (`_drained`). With `pids`: the CPU
+    each of those servers spent per request in its runs (client, upstream and servers share
+    the two cores, so requests/s swing between runs; CPU per request holds still)."""
+    pids = pids or {}
     rates: dict[str, list[float]] = {name: [] for name in targets}
+    cpu: dict[str, list[float]] = {name: [] for name in pids}
     failed = dict.fromkeys(targets, 0)
     for _ in range(rounds):
         for name, url in targets.items():
+            before = _cpu_ms(pids[name]) if name in pids else 0.0
             rate, failures = asyncio.run(_throughput(url, clients, total))
+            if name in pids:
+                cpu[name].append((_cpu_ms(pids[name]) - before) / (total + clients))
             rates[name].append(rate)
             failed[name] += failures
     medians = {name: statistics.median(values) for name, values in rates.items()}
     base = medians["direct"]
-    relay = next((r for name, r in medians.items() if name.startswith("bare relay")), base)
+    relay_name = next((name for name in medians if name.startswith("bare relay")), "direct")
+    relay = medians[relay_name]
+    relay_cpu = statistics.median(cpu[relay_name]) if relay_name in cpu else None
     lines = [
-        "| target | requests/s (median) | vs direct | vs bare relay | failed |",
-        "|---|---:|---:|---:|---:|",
+        "| target | requests/s (median) | slowest – fastest round | vs direct | vs bare relay "
+        "| CPU ms per request | vs bare relay | failed |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    lines += [
-        f"| {name} | {rate:.0f} | {rate / base:.2f}× | {rate / relay:.2f}× | {failed[name]} |"
-        for name, rate in medians.items()
-    ]
+    for name, rate in medians.items():
+        spent = statistics.median(cpu[name]) if name in cpu else None
+        cpu_cells = (
+            f"{spent:.2f} | {relay_cpu / spent:.2f}×"
+            if spent is not None and relay_cpu is not None
+            else " | "
+        )
+        lines.append(
+            f"| {name} | {rate:.0f} | {min(rates[name]):.0f} – {max(rates[name]):.0f} | "
+            f"{rate / base:.2f}× | {rate / relay:.2f}× | {cpu_cells} | {failed[name]} |"
+        )
     return (
         f"{clients} concurrent clients, {total} JSON requests per target and round, "
-        f"{rounds} interleaved rounds:\n\n" + "\n".join(lines)
+        f"{rounds} interleaved rounds (CPU per request: the server process's, all threads; "
+        "\"vs bare relay\" there is the relay's CPU over the target's, so above 1× is "
+        "cheaper):\n\n" + "\n".join(lines)
     )
 
 

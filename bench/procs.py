@@ -110,10 +110,17 @@ def proxy_process(
 @contextmanager
 def bare_relay(upstream_url: str) -> Iterator[str]:
     """`bench.bare_relay`: the latency floor of a FastAPI + httpx relay."""
+    with bare_relay_process(upstream_url) as (url, _):
+        yield url
+
+
+@contextmanager
+def bare_relay_process(upstream_url: str) -> Iterator[tuple[str, int]]:
+    """`bare_relay`: (base URL, pid)."""
     port = free_port()
     argv = [sys.executable, "-m", "bench.bare_relay", str(port), upstream_url]
-    with process(argv, f"http://127.0.0.1:{port}/healthz"):
-        yield f"http://127.0.0.1:{port}/v1"
+    with process(argv, f"http://127.0.0.1:{port}/healthz") as proc:
+        yield f"http://127.0.0.1:{port}/v1", proc.pid
 
 
 @asynccontextmanager

@@ -424,3 +424,43 @@ async def test_recording_can_be_turned_off() -> None:
     assert (await store.totals())["requests"] == 0
     assert await store.ping()
     await store.close()
+
+
+class BatchStore(FlakyStore):
+    """Records each write's batch and when it came (never fails)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate.set()
+        self.batches: list[tuple[float, int]] = []
+
+    async def write_many(self, records: Sequence[UsageRecord]) -> None:
+        self.batches.append((time.monotonic(), len(records)))
+        self.rows.extend(records)
+
+
+async def test_steady_traffic_is_written_in_batches_and_a_lone_record_at_once() -> None:
+    """A record after a quiet spell is written at once; records that keep coming wait the
+    linger for the ones behind them, so a transaction carries many; `close` writes what the
+    writer held while it waited."""
+    store = BatchStore()
+    queue = UsageQueue(store, linger=0.05)
+    await queue.start()
+    sent = time.monotonic()
+    queue.submit(record(0))
+    with anyio.fail_after(5):
+        while not store.rows:
+            await asyncio.sleep(0.001)
+    assert store.batches[0][0] - sent < 0.04  # no linger after a quiet spell
+    for i in range(1, 201):  # a request every ~1 ms
+        queue.submit(record(i))
+        await asyncio.sleep(0.001)
+    with anyio.fail_after(5):
+        while len(store.rows) < 201:
+            await asyncio.sleep(0.005)
+    assert len(store.batches) <= 12, store.batches  # about 1 per 50 ms, not 1 per record
+    queue.submit(record(201))  # the writer takes it and lingers (it wrote a moment ago)
+    await asyncio.sleep(0.01)
+    assert queue.depth == 1
+    await queue.close()
+    assert sorted(int(r.request_id[1:]) for r in store.rows) == list(range(202))

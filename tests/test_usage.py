@@ -433,10 +433,19 @@ class BatchStore(FlakyStore):
         super().__init__()
         self.gate.set()
         self.batches: list[tuple[float, int]] = []
+        self.wrote = asyncio.Event()
 
     async def write_many(self, records: Sequence[UsageRecord]) -> None:
         self.batches.append((time.monotonic(), len(records)))
         self.rows.extend(records)
+        self.wrote.set()
+
+    async def holding(self, count: int) -> None:
+        """Until `count` records are written (bounded)."""
+        with anyio.fail_after(5):
+            while len(self.rows) < count:
+                self.wrote.clear()
+                await self.wrote.wait()
 
 
 async def test_steady_traffic_is_written_in_batches_and_a_lone_record_at_once() -> None:
@@ -448,16 +457,12 @@ async def test_steady_traffic_is_written_in_batches_and_a_lone_record_at_once() 
     await queue.start()
     sent = time.monotonic()
     queue.submit(record(0))
-    with anyio.fail_after(5):
-        while not store.rows:
-            await asyncio.sleep(0.001)
+    await store.holding(1)
     assert store.batches[0][0] - sent < 0.04  # no linger after a quiet spell
     for i in range(1, 201):  # a request every ~1 ms
         queue.submit(record(i))
         await asyncio.sleep(0.001)
-    with anyio.fail_after(5):
-        while len(store.rows) < 201:
-            await asyncio.sleep(0.005)
+    await store.holding(201)
     assert len(store.batches) <= 12, store.batches  # about 1 per 50 ms, not 1 per record
     queue.submit(record(201))  # the writer takes it and lingers (it wrote a moment ago)
     await asyncio.sleep(0.01)

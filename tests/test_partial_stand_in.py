@@ -118,6 +118,9 @@ async def test_an_event_with_a_rolling_gap_keeps_the_shorter_summary_until_the_c
     assert not gap & steps(orjson.dumps(prompt).decode())
     stats = (await client.get("/stats")).json()["summaries"]["partial"]
     assert stats == {"events": 1, "requests": 1}
+    metrics = (await client.get("/metrics")).text
+    assert "inflight_summary_partial_events_total 1.0" in metrics
+    assert "inflight_summary_partial_requests_total 1.0" in metrics
 
     # the same request, before and after the span's own summary lands: the same bytes
     await send(client, MESSAGES[:k2])

@@ -22,7 +22,8 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 
 
 
 class _SummaryCollector(Collector):
-    """Summary call failures and fallbacks by reason, read from `SummaryStats` at scrape time."""
+    """Summary call failures and fallbacks by reason, and partial stand-ins, read from
+    `SummaryStats` at scrape time."""
 
     def __init__(self, stats: SummaryStats) -> None:
         self._stats = stats
@@ -44,7 +45,17 @@ class _SummaryCollector(Collector):
             "inflight_summary_attempts", "Summary calls sent upstream (failed ones too)"
         )
         attempts.add_metric([], self._stats.calls)
-        yield from (failures, fallbacks, attempts)
+        partial_events = CounterMetricFamily(
+            "inflight_summary_partial_events",
+            "Compaction events this replica chose a shorter summary to stand in for",
+        )
+        partial_events.add_metric([], self._stats.partial_events)
+        partial_requests = CounterMetricFamily(
+            "inflight_summary_partial_requests",
+            "Requests a shorter summary stood in for (whichever replica chose it)",
+        )
+        partial_requests.add_metric([], self._stats.partial_requests)
+        yield from (failures, fallbacks, attempts, partial_events, partial_requests)
 
 
 class Metrics:

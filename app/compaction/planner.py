@@ -77,7 +77,7 @@ def plan(
     saved: Replay | Quiet | None = recall.found.state if recall and recall.found else None
     extended = saved.shape.extended(messages) if saved is not None else None
     shape = extended or UnitRoles.of(messages)
-    n, head = len(shape.units), shape.head
+    head = shape.head
     costs = UnitCosts(messages, shape.units, count, cap_chars(budget.budget), protect)
     # A history with no user message yet is not kept: its head may still move.
     keep = recall is not None and recall.replays.keep and shape.head_user
@@ -88,38 +88,48 @@ def plan(
             if recall is not None and mark is not None:
                 recall.remember(mark, messages, shape.units[-1].start)
             return the_plan
-        if isinstance(saved, Quiet):
-            replay = saved.materialized(extended, costs)
-        else:
-            replay = saved.resumed(extended, costs)
+        replay = saved.resumed(extended, costs)
     else:
         head_cost = fixed_tokens + sum(costs.render(i, 0, False) for i in range(head))
         quiet = None if recall is not None else _quiet(shape, costs, head_cost, budget.trigger)
         if quiet is not None:
             return quiet
-        replay = Replay(
-            shape=shape,
-            costs=costs,
-            pipeline=pipeline,
-            budget=budget,
-            head_cost=head_cost,
-            summary_tokens=summary_tokens,
-            costs_now=[0] * n,
-            sums=RunningSums(n) if "prune" in pipeline else None,
-            savings=RunningSums(n) if "prune" in pipeline else None,
-            middle=MiddleOut(n) if "middle-out" in pipeline else None,
-            cut=head,
-            pruned_before=head,
-            scanned=head,
-            goal=budget.goal,
-            marked=marked,
-            replayed=head,
-            before=head_cost,
-        )
+        replay = _first(shape, costs, pipeline, budget, head_cost, summary_tokens, marked)
     kept = replay.replay(budget.trigger, keep)
     if recall is not None and kept is not None:
         recall.remember(kept, messages, shape.units[-1].start)
     elif saved is not None and recall is not None and not recall.replays.keep:
-        start = saved.start if isinstance(saved, Quiet) else saved  # a mark's costs are its own
-        start.costs.learn(costs, start.replayed)
+        saved.learn(costs)
     return replay.result()
+
+
+def _first(
+    shape: UnitRoles,
+    costs: UnitCosts,
+    pipeline: tuple[StrategyName, ...],
+    budget: Budget,
+    head_cost: int,
+    summary_tokens: int,
+    marked: bool,
+) -> Replay:
+    """The replay of a history from its first unit after the head: nothing replayed yet."""
+    n, head = len(shape.units), shape.head
+    return Replay(
+        shape=shape,
+        costs=costs,
+        pipeline=pipeline,
+        budget=budget,
+        head_cost=head_cost,
+        summary_tokens=summary_tokens,
+        costs_now=[0] * n,
+        sums=RunningSums(n) if "prune" in pipeline else None,
+        savings=RunningSums(n) if "prune" in pipeline else None,
+        middle=MiddleOut(n) if "middle-out" in pipeline else None,
+        cut=head,
+        pruned_before=head,
+        scanned=head,
+        goal=budget.goal,
+        marked=marked,
+        replayed=head,
+        before=head_cost,
+    )

@@ -10,7 +10,7 @@ A request that extends a mark and is still under the trigger as a whole is quiet
 prefix of it costs no more than it does (costs are never negative, and nothing stands in
 for a cut), so its replay would cross the trigger nowhere and end as it started — the plan
 `quiet_plan` gives, exactly. Its mark extends the last one by the units it adds. A request
-that crosses the trigger resumes `start` with the marked units' costs known (`materialized`)
+that crosses the trigger resumes `start` with the marked units' costs known (`Quiet.resumed`)
 and replays on from there as from any remembered replay; so does one that would take a mark
 more than `MAX_UNITS` past its start, whose whole replay is remembered again.
 """
@@ -67,12 +67,16 @@ class Quiet:
     def replayed(self) -> int:
         return self.start.replayed + len(self.costs)
 
-    def materialized(self, shape: UnitRoles, costs: UnitCosts) -> Replay:
+    def resumed(self, shape: UnitRoles, costs: UnitCosts) -> Replay:
         """`start` resumed for a longer history (`shape`, priced by `costs`), the marked units'
         costs known to `costs`: replaying them again counts nothing."""
         first = self.start.replayed
         costs.memo.update({(first + i, 0, False): cost for i, cost in enumerate(self.costs)})
         return self.start.resumed(shape, costs)
+
+    def learn(self, costs: UnitCosts) -> None:
+        """`Replay.learn` for `start` (the marked units' costs are the mark's own)."""
+        self.start.learn(costs)
 
 
 def still_quiet(

@@ -90,6 +90,11 @@ class Replay:
         costs.shown.update(self.costs.shown)
         return self._copy(shape, costs)
 
+    def learn(self, costs: UnitCosts) -> None:
+        """Take what `costs` (a what-if plan that resumed this saved state) priced of the
+        units replayed here."""
+        self.costs.learn(costs, self.replayed)
+
     def replay(self, trigger: int, keep: bool) -> Replay | None:
         """Replay the units not replayed yet, one at a time, with an event whenever the prefix
         so far crosses the trigger. `keep`: return the state before the last unit (a later

@@ -215,9 +215,7 @@ class CompactionService:
         for this request), else nothing does (DESIGN.md §12)."""
         messages = job.conversation.messages
         off = partial(run_off, is_heavy(messages, self._replays))  # where its work runs, once
-        replays = None
-        if self._replays is not None:
-            replays = Replays(self._replays, partial(self._counter.counting, job.model))
+        replays = self._remembered(job.model)
         compacting = partial(
             compact, messages, pipeline, budget, job.count,
             protect=job.protect, restore=job.restore, replays=replays,
@@ -269,6 +267,12 @@ class CompactionService:
             return job.rendered(result, summary.usage, stand)
 
         return await off(stood_in)
+
+    def _remembered(self, model: str) -> Replays | None:
+        """The replay cache as `model`'s plans use it (keyed by its counter's state too)."""
+        if self._replays is None:
+            return None
+        return Replays(self._replays, partial(self._counter.counting, model))
 
     def _budget(self, controls: Controls, window: int, reserve: int) -> Budget:
         threshold = controls.threshold or self._settings.threshold

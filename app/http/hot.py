@@ -14,7 +14,8 @@ so the OpenAPI schema and `app.routes` are unchanged.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from types import MappingProxyType
 
 from fastapi import FastAPI
 from starlette.requests import Request
@@ -30,7 +31,7 @@ Endpoint = Callable[[Request], Awaitable[Response]]
 class InflightApp(FastAPI):
     """FastAPI, with `hot` routes (exact path, POST) served before its middleware stack."""
 
-    hot: dict[str, Endpoint]
+    hot: Mapping[str, Endpoint] = MappingProxyType({})  # the factory names them
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):

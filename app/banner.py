@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from app import __version__
 from app.settings import Settings, packaged_config_dir, redact_url
@@ -29,10 +29,13 @@ def _config_lines(settings: Settings) -> list[str]:
     return lines
 
 
-def _counting_line(encodings_missing: Sequence[str]) -> str:
+def _counting_line(
+    encodings_missing: Sequence[str], counters: Mapping[str, Sequence[str]] | None
+) -> str:
     if not encodings_missing:
+        by = "; ".join(f"{name} by {', '.join(c)}" for name, c in (counters or {}).items())
         return (
-            "token counting: exact for OpenAI models (tiktoken encodings loaded); "
+            f"token counting: exact for OpenAI models ({by or 'tiktoken encodings loaded'}); "
             "others estimated and calibrated from the upstream's usage"
         )
     return (
@@ -41,7 +44,11 @@ def _counting_line(encodings_missing: Sequence[str]) -> str:
     )
 
 
-def startup_facts(settings: Settings, encodings_missing: Sequence[str]) -> list[str]:
+def startup_facts(
+    settings: Settings,
+    encodings_missing: Sequence[str],
+    counters: Mapping[str, Sequence[str]] | None = None,
+) -> list[str]:
     """What this proxy will do, one fact per line (URLs without passwords or query strings)."""
     key = (
         "INFLIGHT_UPSTREAM_API_KEY replaces the client's"
@@ -59,7 +66,7 @@ def startup_facts(settings: Settings, encodings_missing: Sequence[str]) -> list[
         *_config_lines(settings),
         f"database: {redact_url(settings.database_url)}",
         f"summary cache: {redact_url(settings.cache_url) if settings.cache_url else 'in-process'}",
-        _counting_line(encodings_missing),
+        _counting_line(encodings_missing, counters),
         f"default strategy: {settings.strategy} (compact at {settings.threshold:g} of the "
         f"budget, down to {settings.target:g}; over budget: {settings.on_overflow.value})",
         f"context window: {limit}",
@@ -69,6 +76,10 @@ def startup_facts(settings: Settings, encodings_missing: Sequence[str]) -> list[
     ]
 
 
-def log_banner(settings: Settings, encodings_missing: Sequence[str]) -> None:
-    for fact in startup_facts(settings, encodings_missing):
+def log_banner(
+    settings: Settings,
+    encodings_missing: Sequence[str],
+    counters: Mapping[str, Sequence[str]] | None = None,
+) -> None:
+    for fact in startup_facts(settings, encodings_missing, counters):
         logger.info("%s", fact)

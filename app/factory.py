@@ -167,7 +167,7 @@ def _lifespan(state: AppState, cache: SummaryCache, background: BackgroundSummar
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        log_banner(state.settings, state.encodings_missing)
+        log_banner(state.settings, state.encodings_missing, state.counters)
         await state.store.open()
         await state.queue.start()
         try:
@@ -249,6 +249,7 @@ def create_app(
         ledger=cuts,
         metrics=metrics,
         encodings_missing=encodings.missing,
+        counters=encodings.counters(),
     )
     return _asgi_app(state, _lifespan(state, cache, background))
 

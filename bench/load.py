@@ -77,7 +77,9 @@ def throughput_report(
     pids: dict[str, int] | None = None,
 ) -> str:
     """Targets measured in turn, `rounds` times over, so drift (CPU boost, page cache) hits
-    them alike; each figure is the median round, with the slowest and fastest. An inflight
+    them alike; each figure is the median round, with the slowest and fastest, and each
+    target's rate over the relay's in the same round (paired: drift between rounds cancels),
+    the median of those with their range. An inflight
     target's run lasts until its usage records are written (`_drained`). With `pids`: the CPU
     each of those servers spent per request in its runs (client, upstream and servers share
     the two cores, so requests/s swing between runs; CPU per request holds still)."""
@@ -100,8 +102,8 @@ def throughput_report(
     relay_cpu = statistics.median(cpu[relay_name]) if relay_name in cpu else None
     lines = [
         "| target | requests/s (median) | slowest – fastest round | vs direct | vs bare relay "
-        "| CPU ms per request | vs bare relay | failed |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| vs bare relay, paired rounds | CPU ms per request | vs bare relay | failed |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, rate in medians.items():
         spent = statistics.median(cpu[name]) if name in cpu else None
@@ -110,9 +112,13 @@ def throughput_report(
             if spent is not None and relay_cpu is not None
             else " | "
         )
+        paired = [
+            mine / theirs for mine, theirs in zip(rates[name], rates[relay_name], strict=True)
+        ]
         lines.append(
             f"| {name} | {rate:.0f} | {min(rates[name]):.0f} – {max(rates[name]):.0f} | "
-            f"{rate / base:.2f}× | {rate / relay:.2f}× | {cpu_cells} | {failed[name]} |"
+            f"{rate / base:.2f}× | {rate / relay:.2f}× | {statistics.median(paired):.2f}× "
+            f"({min(paired):.2f}–{max(paired):.2f}) | {cpu_cells} | {failed[name]} |"
         )
     return (
         f"{clients} concurrent clients, {total} JSON requests per target and round, "

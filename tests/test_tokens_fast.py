@@ -4,6 +4,7 @@ the heuristic's bit counts equal its regexes, and exact counts equal tiktoken's 
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -93,8 +94,14 @@ def test_the_ascii_counter_loaded_and_is_what_the_counter_uses(
     fast = encodings.ascii_counter(name)
     assert fast is not None
     calls: list[str] = []
-    spy = ChatTokenCounter(encodings)
-    spy._tokenizers[name] = (encodings.get(name), lambda t: calls.append(t) or fast(t))
+    spy = ChatTokenCounter(
+        EncodingSet(
+            encodings.encodings,
+            encodings.missing,
+            {name: lambda t: calls.append(t) or fast(t)},
+            encodings.text_counters,
+        )
+    )
     model = "gpt-4o" if name == "o200k_base" else "gpt-4"
     spy.count_text(model, "plain ASCII")
     spy.count_text(model, "not ASCII: é")
@@ -154,3 +161,151 @@ def test_without_quicktok_tiktoken_counts_everything(monkeypatch: pytest.MonkeyP
     for trace, messages in load_traces()[:3]:
         counted = ChatTokenCounter(loaded).count_request("gpt-4o", {"messages": messages})
         assert counted == reference_count(enc, messages), trace
+
+
+# -- rs_bpe: any valid text (a default dependency where it has wheels) --------------------------
+
+UNICODE_PIECES = ["é", "É", "ß", "ǅ", "İ", "ς", "Σ", "日本", "ｱ", "ー", "😀", "👍🏽", "🇫🇷", "\u0301",
+                  "\u0308", "Ⅻ", "١٢", "\u00a0", "\u2028", "\u0085", "\u200b", "\u3000", "ﬁ",
+                  "𝔘", "ʼ", "'s", "'LL", " ", "  ", "\n", "\r\n", "\t", "123", "4567", "ab", "CD",
+                  "(", "!!", "<|endoftext|>", "\x00", "\x0b"]  # fmt: skip
+UNICODE = st.lists(st.sampled_from(UNICODE_PIECES), max_size=50).map("".join)
+VALID = st.text(alphabet=st.characters(blacklist_categories=["Cs"]), max_size=120)
+
+
+@pytest.mark.parametrize("name", ["o200k_base", "cl100k_base"])
+def test_the_text_counter_loaded_and_is_what_the_counter_uses(
+    encodings: EncodingSet, name: str
+) -> None:
+    """rs_bpe (installed with inflight where it has a wheel) passes its checks and counts
+    the text quicktok does not take: non-ASCII text, or all text without quicktok."""
+    pytest.importorskip("rs_bpe.bpe", reason="rs_bpe has no wheel for this platform")
+    fast = encodings.text_counter(name)
+    assert fast is not None
+    calls: list[str] = []
+    spy_counter = lambda t: calls.append(t) or fast(t)  # noqa: E731
+    model = "gpt-4o" if name == "o200k_base" else "gpt-4"
+    with_ascii = ChatTokenCounter(
+        EncodingSet(
+            encodings.encodings, encodings.missing, encodings.ascii_counters, {name: spy_counter}
+        )
+    )
+    with_ascii.count_text(model, "plain ASCII")
+    with_ascii.count_text(model, "not ASCII: é")
+    assert calls == (
+        ["not ASCII: é"] if encodings.ascii_counter(name) else ["plain ASCII", "not ASCII: é"]
+    )
+    alone = ChatTokenCounter(
+        EncodingSet(encodings.encodings, encodings.missing, {}, {name: spy_counter})
+    )
+    calls.clear()
+    assert alone.count_text(model, "plain ASCII") == len(
+        encodings.get(name).encode_ordinary("plain ASCII")
+    )
+    assert calls == ["plain ASCII"]
+
+
+@settings(max_examples=800, deadline=None)
+@given(UNICODE | VALID | WORDY, st.sampled_from(["o200k_base", "cl100k_base"]))
+def test_the_text_counter_equals_tiktoken(encodings: EncodingSet, text: str, name: str) -> None:
+    pytest.importorskip("rs_bpe.bpe", reason="rs_bpe has no wheel for this platform")
+    fast = encodings.text_counter(name)
+    assert fast is not None
+    assert fast(text) == len(encodings.get(name).encode_ordinary(text))
+
+
+@pytest.mark.parametrize("text", ["a\ud800b", "\udfff", "emoji 😀 then \ud83d alone"])
+def test_a_lone_surrogate_is_counted_by_tiktoken(encodings: EncodingSet, text: str) -> None:
+    """rs_bpe refuses text that is not valid Unicode; tiktoken counts it (as U+FFFD), and so
+    does the counter, with or without the faster counters."""
+    enc = encodings.get("o200k_base")
+    count = encodings.counter("o200k_base")
+    assert count is not None
+    assert count(text) == len(enc.encode_ordinary(text))
+    assert ChatTokenCounter(encodings).count_text("gpt-4o", text) == ChatTokenCounter(
+        EncodingSet(encodings.encodings, encodings.missing)
+    ).count_text("gpt-4o", text)
+
+
+def test_a_disagreeing_text_counter_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check at load: an rs_bpe whose counts differ from tiktoken's beyond ASCII (where
+    quicktok is not asked) is left out, and tiktoken counts that text."""
+    rs_openai = pytest.importorskip(
+        "rs_bpe.bpe", reason="rs_bpe has no wheel for this platform"
+    ).openai
+
+    from app.tokens import encodings as encodings_module
+
+    class Off:
+        def __init__(self) -> None:
+            self._real = rs_openai.o200k_base()
+
+        def count(self, text: str) -> int:
+            return int(self._real.count(text)) + ("é" in text)
+
+    monkeypatch.setattr(rs_openai, "o200k_base", Off)
+    monkeypatch.setattr(encodings_module, "_text_counters", {})
+    loaded = load_encodings()
+    assert loaded.text_counter("o200k_base") is None
+    assert loaded.text_counter("cl100k_base") is not None
+    count = loaded.counter("o200k_base")
+    assert count is not None
+    assert count("Café") == len(loaded.get("o200k_base").encode_ordinary("Café"))
+
+
+def test_without_rs_bpe_tiktoken_counts_everything(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A platform without an rs_bpe wheel (Python 3.14, 32-bit Linux …), and no `fast`
+    extra: nothing to import, the same exact counts."""
+    import sys
+
+    from app.tokens import encodings as encodings_module
+
+    for module in ("rs_bpe", "rs_bpe.bpe", "quicktok"):
+        monkeypatch.setitem(sys.modules, module, None)  # importing it raises ImportError
+    monkeypatch.setattr(encodings_module, "_text_counters", {})
+    monkeypatch.setattr(encodings_module, "_ascii_counters", {})
+    loaded = load_encodings()
+    assert loaded.text_counter("o200k_base") is None
+    assert loaded.ascii_counter("o200k_base") is None
+    enc = loaded.get("o200k_base")
+    for trace, messages in load_traces()[:3]:
+        counted = ChatTokenCounter(loaded).count_request("gpt-4o", {"messages": messages})
+        assert counted == reference_count(enc, messages), trace
+
+
+def test_what_counts_each_encoding_is_shown(encodings: EncodingSet, tmp_path: Path) -> None:
+    """`counters()` names what counts each encoding's text, in the order asked; /stats and
+    the startup banner show it."""
+    from app.banner import startup_facts
+    from tests.conftest import make_settings
+
+    expected = (
+        *(["quicktok (ASCII)"] if encodings.ascii_counter("o200k_base") else []),
+        *(["rs_bpe"] if encodings.text_counter("o200k_base") else []),
+        "tiktoken",
+    )
+    assert encodings.counters()["o200k_base"] == expected
+    assert EncodingSet(encodings.encodings).counters() == {
+        "cl100k_base": ("tiktoken",),
+        "o200k_base": ("tiktoken",),
+    }
+    facts = "\n".join(startup_facts(make_settings(tmp_path), (), encodings.counters()))
+    assert f"o200k_base by {', '.join(expected)}" in facts
+
+
+@pytest.mark.anyio
+async def test_stats_shows_the_counters(client: Any) -> None:
+    stats = (await client.get("/stats")).json()
+    counting = stats["token_counting"]
+    assert counting["exact_encodings_loaded"] is True
+    assert set(counting["counters"]) == {"cl100k_base", "o200k_base"}
+    assert counting["counters"]["o200k_base"][-1] == "tiktoken"
+    assert ("rs_bpe" in counting["counters"]["o200k_base"]) == _has_rs_bpe()
+
+
+def _has_rs_bpe() -> bool:
+    try:
+        from rs_bpe.bpe import openai  # noqa: F401
+    except ImportError:
+        return False
+    return True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -38,6 +39,7 @@ class AppState:
     ledger: Ledger
     metrics: Metrics
     encodings_missing: tuple[str, ...]
+    counters: Mapping[str, tuple[str, ...]]  # per loaded encoding: what counts its text
 
 
 def app_state(request: Request) -> AppState:

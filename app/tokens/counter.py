@@ -3,8 +3,9 @@
 Counts follow OpenAI's accounting (3 tokens per message, 1 per name, 3 to prime the reply),
 with tool calls, tool definitions, `response_format` schemas, images by `detail` and the
 reasoning fields clients send back. Only `encode_ordinary` is used: user text may contain
-`<|endoftext|>` and must be counted as text. ASCII text is counted by quicktok where it
-loaded (app/tokens/encodings.py: the same counts, checked at load, several times faster).
+`<|endoftext|>` and must be counted as text. Faster counters give the same counts where they
+loaded (app/tokens/encodings.py, each checked against tiktoken at load): rs_bpe for any text,
+and quicktok (the `fast` extra) for ASCII text.
 Per-message raw counts are cached by content hash in a bounded LRU owned by the counter, so a
 growing conversation costs only its new messages.
 Model families without a tokenizer in tiktoken (Llama, Qwen, Mistral, Claude, Gemini …) use

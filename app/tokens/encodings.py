@@ -12,6 +12,10 @@ The sha256 of every file is checked before use, and each encoding is built direc
 so tiktoken's own loader, which may download, is never called and the environment never
 changes. When a file is missing and cannot be seeded, that encoding is absent: the counter uses
 its heuristic for those model families, logged once at startup and reported as `exact: false`.
+
+Two faster counters give tiktoken's counts where they are installed, each checked against it on
+probe texts at load and left out (logged) if any count differs: rs_bpe (a dependency where it
+has a wheel) for any valid text, and quicktok (the opt-in `fast` extra) for ASCII text.
 """
 
 from __future__ import annotations
@@ -182,9 +186,10 @@ def _build(name: EncodingName, path: Path) -> tuple[Any, dict[bytes, int]]:
     return encoding, ranks
 
 
-# ASCII texts quicktok must count as tiktoken does before it is trusted: contractions in any
+# Texts a faster counter must count as tiktoken does before it is trusted: contractions in any
 # case, runs of spaces, tabs and newlines before words and at the end, digits in threes,
-# punctuation runs, a special token's text, control characters, one long word.
+# punctuation runs, a special token's text, control characters, one long word; and, for a
+# counter of any text, letters, marks, digits and spaces beyond ASCII.
 _PROBES = (
     "It's I'M they've WE'LL she'd o'clock 'tis\n",
     "def f(x):\n    return x ** 2  # squared\r\n\t\t\n\n   \n",
@@ -194,7 +199,19 @@ _PROBES = (
     "Supercalifragilisticexpialidocious" * 40,
     '{"command": "cd /testbed && grep -rn \\"def foo\\" src/ | head -20"}',
 )
+_UNICODE_PROBES = (
+    "Café naïve — “quoted” ½ °C, e\u0301 a\u0308 ﬁ",
+    "日本語のテキスト、句読点。ｱｲｳ ー\u3000全角",
+    "emoji 😀👍🏽 🇫🇷 and 𝔘𝔫𝔦𝔠𝔬𝔡𝔢",
+    "ΣΊΣΥΦΟΣ Σίσυφος ς ǅ İstanbul ʼn",
+    "١٢٣ ٤٥٦ Ⅻ \u00a0nbsp\u2028line\u0085next\u200bzero",
+)
 _ascii_counters: dict[str, Callable[[str], int] | None] = {}  # per process: the files are fixed
+_text_counters: dict[str, Callable[[str], int] | None] = {}
+
+
+def _agrees(count: Callable[[str], int], encoding: Any, probes: tuple[str, ...]) -> bool:
+    return all(count(t) == len(encoding.encode_ordinary(t)) for t in probes)
 
 
 def _ascii_counter(
@@ -214,13 +231,35 @@ def _ascii_counter(
         same = fast.n_vocab == encoding.n_vocab and all(
             fast.decode_single_token_bytes(rank) == token for token, rank in ranks.items()
         )
-        if same and all(fast.count(t) == len(encoding.encode_ordinary(t)) for t in _PROBES):
+        if same and _agrees(fast.count, encoding, _PROBES):
             counter = fast.count
         else:
             logger.warning("quicktok's %s differs from tiktoken's: not used", name)
     except (ImportError, RuntimeError, TypeError, ValueError) as exc:
         logger.info("quicktok unavailable for %s (%s): tiktoken counts", name, exc)
     _ascii_counters[name] = counter
+    return counter
+
+
+def _text_counter(name: EncodingName, encoding: Any) -> Callable[[str], int] | None:
+    """rs_bpe's count for `name` (Rust, GitHub's `bpe` crate: the same tokens as tiktoken,
+    about 1.7× as fast), or None when it is not installed (no wheel for this platform or
+    Python) or differs from `encoding` on the probes. It counts any text that is valid
+    Unicode; a lone surrogate raises `UnicodeEncodeError`, and tiktoken counts that text."""
+    if name in _text_counters:
+        return _text_counters[name]
+    counter: Callable[[str], int] | None = None
+    try:
+        from rs_bpe.bpe import openai as rs_openai
+
+        count = getattr(rs_openai, name)().count
+        if _agrees(count, encoding, _PROBES + _UNICODE_PROBES):
+            counter = count
+        else:
+            logger.warning("rs_bpe's %s differs from tiktoken's: not used", name)
+    except (ImportError, AttributeError, RuntimeError, TypeError, ValueError) as exc:
+        logger.info("rs_bpe unavailable for %s (%s): tiktoken counts", name, exc)
+    _text_counters[name] = counter
     return counter
 
 
@@ -231,6 +270,7 @@ class EncodingSet:
     encodings: Mapping[str, Any] = field(default_factory=dict)
     missing: tuple[str, ...] = ()
     ascii_counters: Mapping[str, Callable[[str], int]] = field(default_factory=dict)
+    text_counters: Mapping[str, Callable[[str], int]] = field(default_factory=dict)
 
     def get(self, name: str) -> Any | None:
         """The loaded `tiktoken.Encoding` called `name`, or None."""
@@ -239,6 +279,58 @@ class EncodingSet:
     def ascii_counter(self, name: str) -> Callable[[str], int] | None:
         """A faster exact count of ASCII text in `name` than tiktoken's, when one loaded."""
         return self.ascii_counters.get(name)
+
+    def text_counter(self, name: str) -> Callable[[str], int] | None:
+        """A faster exact count of any valid text in `name` than tiktoken's, when one loaded."""
+        return self.text_counters.get(name)
+
+    def counters(self) -> dict[str, tuple[str, ...]]:
+        """Per loaded encoding, the counters that count its text, in the order they are
+        asked (/stats and the startup banner show it)."""
+        return {
+            name: tuple(
+                counter
+                for counter, present in (
+                    ("quicktok (ASCII)", name in self.ascii_counters),
+                    ("rs_bpe", name in self.text_counters),
+                    ("tiktoken", True),
+                )
+                if present
+            )
+            for name in sorted(self.encodings)
+        }
+
+    def counter(self, name: str) -> Callable[[str], int] | None:
+        """The exact count of any text in `name`, by the fastest counter that loaded for it
+        (quicktok for ASCII, then rs_bpe, then tiktoken), or None when `name` is missing."""
+        encoding = self.encodings.get(name)
+        if encoding is None:
+            return None
+        return exact_count(encoding, self.ascii_counter(name), self.text_counter(name))
+
+
+def exact_count(
+    encoding: Any,
+    ascii_count: Callable[[str], int] | None,
+    text_count: Callable[[str], int] | None,
+) -> Callable[[str], int]:
+    """One text's tokens: `ascii_count` for ASCII text, else `text_count`, else tiktoken's
+    `encode_ordinary` (which also takes what the others refuse: lone surrogates)."""
+    encode = encoding.encode_ordinary
+    if ascii_count is None and text_count is None:
+        return lambda text: len(encode(text))
+
+    def count(text: str) -> int:
+        if ascii_count is not None and text.isascii():
+            return ascii_count(text)
+        if text_count is not None:
+            try:
+                return text_count(text)
+            except UnicodeEncodeError:
+                pass
+        return len(encode(text))
+
+    return count
 
 
 def load_encodings(cache_dir: Path | None = None, *, allow_seed: bool = True) -> EncodingSet:
@@ -255,11 +347,15 @@ def load_encodings(cache_dir: Path | None = None, *, allow_seed: bool = True) ->
     )
     loaded: dict[str, Any] = {}
     fast: dict[str, Callable[[str], int]] = {}
+    texts: dict[str, Callable[[str], int]] = {}
     for name in available:  # each file is present and hash-checked
         loaded[name], ranks = _build(name, cache_path(directory, name))
         counter = _ascii_counter(name, loaded[name], ranks)
         if counter is not None:
             fast[name] = counter
+        counter = _text_counter(name, loaded[name])
+        if counter is not None:
+            texts[name] = counter
     missing = tuple(n for n in ENCODING_FILES if n not in loaded)
     if missing:
         logger.warning(
@@ -268,7 +364,7 @@ def load_encodings(cache_dir: Path | None = None, *, allow_seed: bool = True) ->
             ", ".join(missing),
             directory,
         )
-    return EncodingSet(loaded, missing, fast)
+    return EncodingSet(loaded, missing, fast, texts)
 
 
 def main(argv: list[str] | None = None) -> int:

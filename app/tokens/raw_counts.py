@@ -71,8 +71,10 @@ class RawCounter:
         cache_size: int = 50_000,
     ) -> None:
         self._encodings = encodings
-        self._tokenizers = {  # encoding name: tiktoken's, and the faster count for ASCII
-            name: (enc, encodings.ascii_counter(name)) for name, enc in encodings.encodings.items()
+        self._tokenizers = {  # encoding name: the exact count of one text, fastest first
+            name: count
+            for name in encodings.encodings
+            if (count := encodings.counter(name)) is not None
         }
         self._table = model_table
         self._cache: OrderedDict[bytes, int] = OrderedDict()
@@ -119,20 +121,18 @@ class RawCounter:
     def _text(self, encoding: str | None, text: str) -> int:
         if not text:
             return 0
-        found = self._tokenizers.get(encoding or "")
-        if found is None:
+        count = self._tokenizers.get(encoding or "")
+        if count is None:
             return heuristic_tokens(text)
-        enc, fast = found
-        fast = fast if text.isascii() else None
         if len(text) <= LONG_TEXT:
-            return fast(text) if fast is not None else len(enc.encode_ordinary(text))
+            return count(text)
         total, start = 0, 0
         while start < len(text):  # cut after a newline so the pieces tokenize as the whole
             end = min(len(text), start + LONG_TEXT)
             cut = text.rfind("\n", start, end) + 1 if end < len(text) else end
             end = cut if cut > start else end
             piece = text[start:end]
-            total += fast(piece) if fast is not None else len(enc.encode_ordinary(piece))
+            total += count(piece)
             start = end
         return total
 

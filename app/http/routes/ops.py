@@ -39,6 +39,7 @@ async def stats(state: State, client: ClientKey) -> dict[str, Any]:
         "token_counting": {
             "heuristic_for": list(state.encodings_missing),
             "exact_encodings_loaded": not state.encodings_missing,
+            "counters": {name: list(found) for name, found in state.counters.items()},
         },
         "usage_queue": {
             "depth": state.queue.depth,

@@ -14,6 +14,7 @@ import platform
 import tempfile
 from contextlib import ExitStack
 
+from app.proxy.upstream import POOL_SHARDS
 from bench import (
     anthropic,
     cache,
@@ -93,15 +94,21 @@ def main() -> None:
                 proxy_process(upstream, {"INFLIGHT_DATABASE_URL": "none"})
             )
             relay, relay_pid = stack.enter_context(bare_relay_process(upstream))
+            pooled, pooled_pid = stack.enter_context(
+                bare_relay_process(upstream, pools=POOL_SHARDS)
+            )
             print("## Throughput, and the cost of recording usage\n")
+            many = f"bare relay, {POOL_SHARDS} pools as inflight's"
             targets = {
                 "direct": upstream,
                 "bare relay (FastAPI + httpx)": relay,
+                many: pooled,
                 "inflight (usage in SQLite)": stored,
                 "inflight (recording off)": unrecorded,
             }
             pids = {
                 "bare relay (FastAPI + httpx)": relay_pid,
+                many: pooled_pid,
                 "inflight (usage in SQLite)": pid,
                 "inflight (recording off)": off_pid,
             }

@@ -1,8 +1,9 @@
 """The smallest streaming relay one can write on inflight's stack, as a latency floor.
 
-FastAPI in, one pooled `httpx.AsyncClient` out (pooled as inflight's is), bytes streamed
-through untouched: no auth, counting, compaction, headers or usage.
-Run: `python -m bench.bare_relay PORT UPSTREAM_URL`.
+FastAPI in, one pooled `httpx.AsyncClient` out, bytes streamed through untouched: no auth,
+counting, compaction, headers or usage. With POOLS > 1, that many clients, a request taking the
+least busy, their connections shared out as inflight's are (app/proxy/upstream.py).
+Run: `python -m bench.bare_relay PORT UPSTREAM_URL [POOLS]`.
 """
 
 from __future__ import annotations
@@ -16,22 +17,39 @@ from starlette.background import BackgroundTask
 from starlette.responses import Response, StreamingResponse
 
 
-def create(upstream: str) -> FastAPI:
+def create(upstream: str, pools: int = 1) -> FastAPI:
     app = FastAPI()
-    # the pool inflight's (app/proxy/upstream.py): with httpx's default (20 kept alive), 64
-    # concurrent clients churn connections and the relay measures that, not the hop
-    limits = httpx.Limits(max_connections=1000, max_keepalive_connections=200, keepalive_expiry=2)
-    client = httpx.AsyncClient(base_url=upstream, timeout=60, limits=limits, trust_env=False)
+    # inflight's connection limits (app/proxy/upstream.py): with httpx's default (20 kept
+    # alive), 64 concurrent clients churn connections and the relay measures that, not the hop
+    limits = httpx.Limits(
+        max_connections=1000 // pools, max_keepalive_connections=200 // pools, keepalive_expiry=2
+    )
+    clients = [
+        httpx.AsyncClient(base_url=upstream, timeout=60, limits=limits, trust_env=False)
+        for _ in range(pools)
+    ]
+    loads = [0] * pools
 
     @app.post("/v1/chat/completions", response_model=None)
     async def relay(request: Request) -> Response:
+        pool = loads.index(min(loads))
+        client = clients[pool]
         sent = client.build_request(
             "POST",
             "/chat/completions",
             content=await request.body(),
             headers={"content-type": "application/json"},
         )
-        answer = await client.send(sent, stream=True)
+        loads[pool] += 1
+        try:
+            answer = await client.send(sent, stream=True)
+        except BaseException:
+            loads[pool] -= 1
+            raise
+
+        async def done() -> None:
+            loads[pool] -= 1
+            await answer.aclose()
 
         async def body() -> AsyncIterator[bytes]:
             async for chunk in answer.aiter_raw():
@@ -41,7 +59,7 @@ def create(upstream: str) -> FastAPI:
             body(),
             status_code=answer.status_code,
             media_type=answer.headers.get("content-type"),
-            background=BackgroundTask(answer.aclose),
+            background=BackgroundTask(done),
         )
 
     @app.get("/healthz")
@@ -55,4 +73,5 @@ if __name__ == "__main__":
     import uvicorn
 
     port, upstream = int(sys.argv[1]), sys.argv[2]
-    uvicorn.run(create(upstream), host="127.0.0.1", port=port, log_level="warning")
+    pools = int(sys.argv[3]) if len(sys.argv) > 3 else 1
+    uvicorn.run(create(upstream, pools), host="127.0.0.1", port=port, log_level="warning")

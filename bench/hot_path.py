@@ -90,36 +90,46 @@ def _time(client: httpx.Client, url: str, body: bytes, stream: bool) -> float:
         return first
 
 
-def added_latency(targets: dict[str, str], n: int = 200, earlier: str | None = None) -> str:
+def added_latency(
+    targets: dict[str, str], n: int = 200, earlier: str | None = None, rounds: int = 3
+) -> str:
     """Targets: "direct", "bare relay", "inflight" base URLs, and "inflight before" (an earlier
     checkout at `earlier`, else this build with the replay cache off: `bench.variant`).
     Interleaved request by request, each build in a pass of its own with direct and the relay
-    (see `_passes`)."""
+    (see `_passes`), `rounds` passes per build, before and after in turn."""
     cases = {
         "60 messages (~20k tokens)": (conversation(60, 75), 60, False),
         "300-message session (~45k tokens)": (conversation(360, 30), 300, True),
     }
     lines = [
         "| request | mode | direct p50 ms | bare relay adds | inflight adds, before → after "
-        "| inflight / relay, before → after |",
-        "|---|---|---:|---:|---:|---:|",
+        "| inflight / relay, before → after | after, each pass |",
+        "|---|---|---:|---:|---:|---:|---:|",
     ]
     with httpx.Client(timeout=60, headers=HEADERS) as client:
         for label, (messages, start, grows) in cases.items():
             bodies = list(growing(messages, start, n if grows else 1))
             for mode in ("json", "stream TTFB"):
-                (_, r0, before), (d1, r1, after) = _passes(
-                    client, targets, bodies, n, mode != "json"
+                passes = [
+                    _passes(client, targets, bodies, n, mode != "json") for _ in range(rounds)
+                ]
+                (_, _, before), (d1, r1, after) = (
+                    tuple(statistics.median(p[b][k] for p in passes) for k in range(3))
+                    for b in (0, 1)
                 )
+                ratio = [statistics.median(p[b][2] / p[b][1] for p in passes) for b in (0, 1)]
+                each = " ".join(f"{p[1][2] / p[1][1]:.2f}" for p in passes)
                 lines.append(
                     f"| {label} | {mode} | {d1:.2f} | {r1:.2f} | {before:.2f} → {after:.2f} | "
-                    f"{before / r0:.2f}× → {after / r1:.2f}× |"
+                    f"{ratio[0]:.2f}× → {ratio[1]:.2f}× | {each} |"
                 )
     return (
         f"Added latency on loopback, p50 of {n} requests per target, interleaved request by "
         "request with direct calls and the bare relay, one pass per build (the session adds a "
-        f"message each request); before: {_before(earlier)}. Each ratio is against the relay "
-        "of its own pass; the relay's figure shown is the after pass's:\n\n" + "\n".join(lines)
+        f"message each request), {rounds} passes per build in turn; before: "
+        f"{_before(earlier)}. Each ratio is against the relay of its own pass, the median "
+        "pass's shown (each pass's after it); the milliseconds are the median pass's, the "
+        "relay's of the after passes:\n\n" + "\n".join(lines)
     )
 
 

@@ -115,10 +115,10 @@ def bare_relay(upstream_url: str) -> Iterator[str]:
 
 
 @contextmanager
-def bare_relay_process(upstream_url: str) -> Iterator[tuple[str, int]]:
-    """`bare_relay`: (base URL, pid)."""
+def bare_relay_process(upstream_url: str, pools: int = 1) -> Iterator[tuple[str, int]]:
+    """`bare_relay` (with `pools` connection pools): (base URL, pid)."""
     port = free_port()
-    argv = [sys.executable, "-m", "bench.bare_relay", str(port), upstream_url]
+    argv = [sys.executable, "-m", "bench.bare_relay", str(port), upstream_url, str(pools)]
     with process(argv, f"http://127.0.0.1:{port}/healthz") as proc:
         yield f"http://127.0.0.1:{port}/v1", proc.pid
 

@@ -112,9 +112,13 @@ def proxy(tmp_path: Path, upstream: str) -> Iterator[tuple[str, Any]]:
 
 
 def pool_idle(app: Any) -> bool:
-    """No upstream connection is checked out (every response was closed)."""
-    pool = app.state.inflight.upstream.client._transport._pool
-    return not pool._requests and all(c.is_idle() or c.is_closed() for c in pool.connections)
+    """No upstream connection is checked out (every response was closed), in any pool."""
+    upstream = app.state.inflight.upstream
+    pools = [transport._pool for transport in upstream.pools]
+    return not any(upstream._loads) and all(
+        not pool._requests and all(c.is_idle() or c.is_closed() for c in pool.connections)
+        for pool in pools
+    )
 
 
 def wait_pool_idle(app: Any) -> None:

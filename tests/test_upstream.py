@@ -5,13 +5,16 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
+import anyio
 import httpx
 import pytest
 
 from app.errors import UpstreamTimeout, UpstreamUnavailable
-from app.proxy.upstream import Upstream, read_all, translate, upstream_errors
+from app.proxy.upstream import POOL_SHARDS, Upstream, read_all, translate, upstream_errors
 from tests.conftest import make_settings
+from tests.servers import serve
 
 pytestmark = pytest.mark.anyio
 URL = "http://user:secret@upstream.test/v1/chat/completions?key=k"
@@ -117,3 +120,74 @@ async def test_send_sends_what_the_pooled_client_would(
     assert (seen[0].method, seen[0].url, seen[0].content) == (built.method, built.url, b'{"a":1}')
     assert seen[0].extensions["timeout"] == timeout.as_dict()
     await upstream.aclose()
+
+
+# -- connection pools: a request goes to the least busy ------------------------------------
+
+
+def _slow_upstream() -> Any:
+    """A real server whose answers are two chunks 0.2 s apart: requests stay in flight."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import StreamingResponse
+    from starlette.routing import Route
+
+    async def answer(request: Request) -> StreamingResponse:
+        async def chunks() -> AsyncIterator[bytes]:
+            yield b"one "
+            await anyio.sleep(0.2)
+            yield b"two"
+
+        return StreamingResponse(chunks(), media_type="text/plain")
+
+    return Starlette(routes=[Route("/v1/slow", answer, methods=["POST"])])
+
+
+def _connections(pool: httpx.AsyncBaseTransport) -> int:
+    assert isinstance(pool, httpx.AsyncHTTPTransport)
+    return len(pool._pool.connections)
+
+
+async def test_requests_in_turn_reuse_the_first_pool(tmp_path: Path) -> None:
+    """Sequential traffic takes the first pool every time: one connection, reused, as with a
+    single pool; the others open none."""
+    with serve(_slow_upstream()) as url:
+        upstream = Upstream(make_settings(tmp_path))
+        assert len(upstream.pools) == POOL_SHARDS
+        try:
+            for _ in range(5):
+                answer = await upstream.send("POST", url + "/v1/slow", [], b"{}")
+                assert await read_all(answer) == b"one two"
+            assert [_connections(p) for p in upstream.pools] == [1] + [0] * (POOL_SHARDS - 1)
+            assert upstream._loads == [0] * POOL_SHARDS
+        finally:
+            await upstream.aclose()
+
+
+async def test_concurrent_requests_spread_over_the_pools_and_are_released(tmp_path: Path) -> None:
+    """Requests in flight at once go to the least busy pool, so each pool holds its share;
+    every one is released when its response is closed, read to the end or not, or failed."""
+    with serve(_slow_upstream()) as url:
+        upstream = Upstream(make_settings(tmp_path))
+        try:
+            answers = [
+                await upstream.send("POST", url + "/v1/slow", [], b"{}")
+                for _ in range(2 * POOL_SHARDS + 3)
+            ]
+            assert sorted(upstream._loads) == [2] * (POOL_SHARDS - 3) + [3] * 3
+            assert all(_connections(p) >= 2 for p in upstream.pools)
+            assert not upstream.idle(url + "/v1")
+            for answer in answers[:POOL_SHARDS]:
+                assert await read_all(answer) == b"one two"
+            for answer in answers[POOL_SHARDS:]:
+                await answer.aclose()  # closed unread: released too
+            assert upstream._loads == [0] * POOL_SHARDS
+            assert upstream.idle(url + "/v1")
+            with pytest.raises(UpstreamUnavailable):  # refused: released at once
+                await upstream.send("POST", "http://127.0.0.1:9/v1/slow", [], b"{}")
+            assert upstream._loads == [0] * POOL_SHARDS
+        finally:
+            await upstream.aclose()
+    for pool in upstream.pools:
+        assert isinstance(pool, httpx.AsyncHTTPTransport)
+        assert not pool._pool.connections  # closed with the proxy

@@ -25,6 +25,14 @@ logger = logging.getLogger(__name__)
 # LiteLLM) and llama.cpp close idle keep-alive connections after 5 s, and reusing one at that
 # instant fails the request (a 502 to the client) though nothing was wrong with it.
 UPSTREAM_KEEPALIVE_EXPIRY = 2.0
+# Connection pools per process, a request taking the least busy (the first while traffic is
+# sequential, so its connections are reused as with one). httpcore's pool scans its waiting
+# requests against its connections whenever a request starts or ends, a cost that grows with
+# the square of the requests in flight through it: 64 at a time through one pool made 740
+# requests/s against the fake upstream, through eight 1,600-2,200 (bench/pool_shards.py).
+POOL_SHARDS = 8
+MAX_CONNECTIONS = 1000  # in all, shared out between the pools
+MAX_KEEPALIVE = 200
 
 
 def public_url(url: str | httpx.URL) -> str:
@@ -129,9 +137,11 @@ def _parsed_url(url: str) -> httpx.URL:
 
 
 class Upstream:
-    """Owns the pooled `httpx.AsyncClient`; every outbound request goes through here. It counts
-    the client requests in flight per upstream server (from `send` until the response is
-    closed, streams included), so that background summaries can wait for an idle one."""
+    """Owns the connection pools; every outbound request goes through here. It counts the
+    client requests in flight per upstream server (from `send` until the response is closed,
+    streams included), so that background summaries can wait for an idle one, and the requests
+    in flight per pool, so that each goes to the least busy. A `transport` given (tests' fake
+    upstreams) is the one pool."""
 
     def __init__(
         self,
@@ -152,13 +162,20 @@ class Upstream:
         self._probe_timeout = settings.discovery_timeout
         self._active: dict[str, int] = {}  # origin -> client requests in flight
         limits = httpx.Limits(
-            max_connections=1000,
-            max_keepalive_connections=200,
+            max_connections=MAX_CONNECTIONS // POOL_SHARDS,
+            max_keepalive_connections=MAX_KEEPALIVE // POOL_SHARDS,
             keepalive_expiry=UPSTREAM_KEEPALIVE_EXPIRY,
         )
-        self._transport = transport or httpx.AsyncHTTPTransport(limits=limits, trust_env=False)
-        self.client = httpx.AsyncClient(
-            transport=self._transport,
+        self.pools: list[httpx.AsyncBaseTransport] = (
+            [transport]
+            if transport is not None
+            else [
+                httpx.AsyncHTTPTransport(limits=limits, trust_env=False) for _ in range(POOL_SHARDS)
+            ]
+        )
+        self._loads = [0] * len(self.pools)  # requests in flight per pool
+        self.client = httpx.AsyncClient(  # probes (discovery, readiness): the first pool
+            transport=self.pools[0],
             timeout=httpx.Timeout(
                 connect=settings.upstream_connect_timeout,
                 read=settings.upstream_read_timeout,
@@ -214,20 +231,21 @@ class Upstream:
         is False for the proxy's own requests (summaries), which do not make an upstream busy.
         """
         request = self._request(method, url, headers, content, deadline)
-        if not client:
-            with upstream_errors(request.url, "connect"):
-                return await self._send(request)
-        server = origin(request.url)
-        self._active[server] = self._active.get(server, 0) + 1
+        loads = self._loads
+        pool = loads.index(min(loads)) if len(loads) > 1 else 0
+        loads[pool] += 1
+        server = origin(request.url) if client else None
+        if server is not None:
+            self._active[server] = self._active.get(server, 0) + 1
         try:
             with upstream_errors(request.url, "connect"):
-                response = await self._send(request)
+                response = await self._send(request, pool)
         except BaseException:
-            self._leave(server)
+            self._leave(pool, server)
             raise
         body = response.stream
         assert isinstance(body, httpx.AsyncByteStream)  # an async transport's response
-        response.stream = _Tracked(body, lambda: self._leave(server))
+        response.stream = _Tracked(body, lambda: self._leave(pool, server))
         return response
 
     def _request(
@@ -253,15 +271,18 @@ class Upstream:
             extensions={"timeout": timeout},
         )
 
-    async def _send(self, request: httpx.Request) -> httpx.Response:
-        """`request` straight to the pool's transport, its body unread. `AsyncClient.send` does
+    async def _send(self, request: httpx.Request, pool: int = 0) -> httpx.Response:
+        """`request` straight to a pool's transport, its body unread. `AsyncClient.send` does
         no more for it (no auth, redirects, cookies or hooks here) but costs about 80 µs of
         CPU a request on top (bench: `python -m bench --only hot`)."""
-        response = await self._transport.handle_async_request(request)
+        response = await self.pools[pool].handle_async_request(request)
         response.request = request
         return response
 
-    def _leave(self, server: str) -> None:
+    def _leave(self, pool: int, server: str | None) -> None:
+        self._loads[pool] -= 1
+        if server is None:
+            return
         left = self._active.get(server, 0) - 1
         if left > 0:
             self._active[server] = left
@@ -303,7 +324,9 @@ class Upstream:
         return True
 
     async def aclose(self) -> None:
-        await self.client.aclose()
+        await self.client.aclose()  # and the first pool
+        for pool in self.pools[1:]:
+            await pool.aclose()
 
 
 async def read_all(response: httpx.Response) -> bytes:

@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AsyncExitStack
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from app.cli.simulate import request_points
 from app.compaction.engine import compact
 from app.compaction.policy import Budget, StrategyName
 from app.compaction.replays import ReplayCache, Replays
+from app.proxy.upstream import POOL_SHARDS
 from app.tokens.counter import ChatTokenCounter, Counted, count_within
 from app.tokens.encodings import EncodingSet, load_encodings
 from app.tokens.heuristic import heuristic_tokens, heuristic_tokens_by_regex
@@ -404,49 +406,72 @@ def _event_table(times: dict[bool, tuple[list[float], list[float]]], window: int
 # -- the outbound HTTP client: httpx against httpx2 ------------------------------------------
 
 
-async def _client_round(module: Any, url: str, body: bytes, n: int, concurrency: int) -> float:
-    """Requests per second through one pooled AsyncClient of `module` (httpx or httpx2),
-    configured as app/proxy/upstream.py configures httpx, `concurrency` at a time."""
-    limits = module.Limits(max_connections=1000, max_keepalive_connections=200, keepalive_expiry=30)
-    async with module.AsyncClient(limits=limits, timeout=60, trust_env=False) as client:
-        for _ in range(20):  # warm the pool
-            (await client.post(url, content=body)).raise_for_status()
+async def _client_round(
+    module: Any, url: str, body: bytes, n: int, concurrency: int, pools: int = 1
+) -> float:
+    """Requests per second through `pools` pooled AsyncClients of `module` (httpx or httpx2),
+    configured as app/proxy/upstream.py configures its pools (the connections shared out, a
+    request taking the least busy), `concurrency` at a time."""
+    limits = module.Limits(
+        max_connections=1000 // pools, max_keepalive_connections=200 // pools, keepalive_expiry=30
+    )
+    async with AsyncExitStack() as stack:
+        clients = [
+            await stack.enter_async_context(
+                module.AsyncClient(limits=limits, timeout=60, trust_env=False)
+            )
+            for _ in range(pools)
+        ]
+        loads = [0] * pools
+        for client in clients:
+            for _ in range(20):  # warm the pool
+                (await client.post(url, content=body)).raise_for_status()
         queue = iter(range(n))
         start = time.perf_counter()
 
         async def worker() -> None:
             for _ in queue:
+                pool = loads.index(min(loads))
+                loads[pool] += 1
+                client = clients[pool]
                 request = client.build_request("POST", url, content=body)
                 answer = await client.send(request, stream=True)
                 async for _chunk in answer.aiter_raw():
                     pass
                 await answer.aclose()
+                loads[pool] -= 1
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         return n / (time.perf_counter() - start)
 
 
 def http_clients(upstream: str, n: int = 2000, rounds: int = 3) -> str:
-    """httpx against httpx2 (the successor the openai SDK depends on) as the relay's outbound
-    client, interleaved round by round against the fake upstream."""
+    """httpx in one pool, httpx in inflight's pools (app/proxy/upstream.py `POOL_SHARDS`), and
+    httpx2 (the successor the openai SDK depends on) in one pool, as the outbound client,
+    interleaved round by round against the fake upstream."""
     import httpx2
 
     body = orjson.dumps({"model": "bench", "messages": conversation(60, 75)})
     url = upstream + "/chat/completions"
+    clients = {"httpx": (httpx, 1), "httpx, pools": (httpx, POOL_SHARDS), "httpx2": (httpx2, 1)}
     rows = []
     for concurrency in (1, 64):
-        rates: dict[str, list[float]] = {"httpx": [], "httpx2": []}
+        rates: dict[str, list[float]] = {name: [] for name in clients}
         for _ in range(rounds):
-            for name, module in (("httpx", httpx), ("httpx2", httpx2)):
+            for name, (module, pools) in clients.items():
                 count = n if concurrency > 1 else n // 4
                 rates[name].append(
-                    asyncio.run(_client_round(module, url, body, count, concurrency))
+                    asyncio.run(_client_round(module, url, body, count, concurrency, pools))
                 )
-        a, b = (statistics.median(rates[k]) for k in ("httpx", "httpx2"))
-        rows.append(f"| {concurrency} | {a:.0f} | {b:.0f} | {b / a:.2f}× |")
+        one, many, two = (statistics.median(rates[k]) for k in clients)
+        rows.append(
+            f"| {concurrency} | {one:.0f} | {many:.0f} | {many / one:.2f}× | {two:.0f} | "
+            f"{two / one:.2f}× |"
+        )
     return (
-        f"The outbound client, requests/s against the fake upstream (60-message JSON body, the "
-        f"pool as app/proxy/upstream.py sets it; median of {rounds} interleaved rounds):\n\n"
-        "| concurrent requests | httpx 0.28 | httpx2 | httpx2 / httpx |\n|---:|---:|---:|---:|\n"
+        f"The outbound client, requests/s against the fake upstream (60-message JSON body, "
+        f"limits as app/proxy/upstream.py sets them; median of {rounds} interleaved rounds):\n\n"
+        f"| concurrent requests | httpx 0.28, one pool | httpx, {POOL_SHARDS} pools (inflight) "
+        "| pools / one | httpx2, one pool | httpx2 / httpx |\n|---:|---:|---:|---:|---:|---:|\n"
         + "\n".join(rows)
     )

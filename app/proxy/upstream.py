@@ -29,7 +29,8 @@ UPSTREAM_KEEPALIVE_EXPIRY = 2.0
 # sequential, so its connections are reused as with one). httpcore's pool scans its waiting
 # requests against its connections whenever a request starts or ends, a cost that grows with
 # the square of the requests in flight through it: 64 at a time through one pool made 740
-# requests/s against the fake upstream, through eight 1,600-2,200 (bench/pool_shards.py).
+# requests/s against the fake upstream, through eight about twice that (the outbound client
+# table of `python -m bench --only hot`).
 POOL_SHARDS = 8
 MAX_CONNECTIONS = 1000  # in all, shared out between the pools
 MAX_KEEPALIVE = 200

@@ -1,4 +1,4 @@
-"""The only outbound HTTP: one pooled client, routing by model, auth, and error translation.
+"""The only outbound HTTP: the connection pools, routing by model, auth, and error translation.
 
 Which headers cross is app/proxy/headers.py; summary requests are app/proxy/completers.py.
 """

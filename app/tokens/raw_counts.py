@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 import orjson
@@ -49,12 +49,33 @@ def _strings(value: Any) -> Iterator[str]:
             yield str(item)
 
 
-_KNOWN_KEYS = frozenset(
-    {"role", "content", "name", "tool_calls", "tool_call_id", "function_call", "refusal"}
-)
+TextCount = Callable[[str], int]  # one text's raw tokens under one encoding (or the heuristic)
 _IMAGE_PARTS = frozenset({"image_url", "input_image", "image"})
 _OPAQUE_PARTS = frozenset({"input_audio", "file", "input_file"})
 _MODEL_MEMO_SIZE = 1024
+
+
+def _heuristic(text: str) -> int:
+    return heuristic_tokens(text) if text else 0
+
+
+def text_count(count: TextCount) -> TextCount:
+    """`count` (an exact count) for any text: 0 for none, and a long one in pieces cut after
+    a newline, which tokenize as the whole (BPE cost grows faster than linear)."""
+
+    def exact(text: str) -> int:
+        if len(text) <= LONG_TEXT:
+            return count(text) if text else 0
+        total, start = 0, 0
+        while start < len(text):
+            end = min(len(text), start + LONG_TEXT)
+            cut = text.rfind("\n", start, end) + 1 if end < len(text) else end
+            end = cut if cut > start else end
+            total += count(text[start:end])
+            start = end
+        return total
+
+    return exact
 
 
 class RawCounter:
@@ -71,8 +92,8 @@ class RawCounter:
         cache_size: int = 50_000,
     ) -> None:
         self._encodings = encodings
-        self._tokenizers = {  # encoding name: the exact count of one text, fastest first
-            name: count
+        self._text_counts: dict[str, TextCount] = {  # encoding name: one text's exact count
+            name: text_count(count)
             for name in encodings.encodings
             if (count := encodings.counter(name)) is not None
         }
@@ -118,30 +139,20 @@ class RawCounter:
         return self._encodings.missing
 
     # -- raw counts --------------------------------------------------------------------------
+    def _count_of(self, encoding: str | None) -> TextCount:
+        """How a text is counted under `encoding`: exactly when it loaded, else the heuristic."""
+        return self._text_counts.get(encoding or "", _heuristic)
+
     def _text(self, encoding: str | None, text: str) -> int:
-        if not text:
-            return 0
-        count = self._tokenizers.get(encoding or "")
-        if count is None:
-            return heuristic_tokens(text)
-        if len(text) <= LONG_TEXT:
-            return count(text)
-        total, start = 0, 0
-        while start < len(text):  # cut after a newline so the pieces tokenize as the whole
-            end = min(len(text), start + LONG_TEXT)
-            cut = text.rfind("\n", start, end) + 1 if end < len(text) else end
-            end = cut if cut > start else end
-            piece = text[start:end]
-            total += count(piece)
-            start = end
-        return total
+        return self._count_of(encoding)(text)
 
-    def _value(self, encoding: str | None, value: Any) -> int:
-        return sum(self._text(encoding, s) for s in _strings(value))
+    @staticmethod
+    def _value(count: TextCount, value: Any) -> int:
+        return sum(map(count, _strings(value)))
 
-    def _part(self, encoding: str | None, model: str, part: Any) -> int:
+    def _part(self, count: TextCount, model: str, part: Any) -> int:
         if not isinstance(part, dict):
-            return self._value(encoding, part)
+            return self._value(count, part)
         kind = part.get("type")
         if kind in _IMAGE_PARTS:
             return image_tokens(part, model)
@@ -149,19 +160,19 @@ class RawCounter:
             return PER_OPAQUE_PART
         for key in ("text", "thinking", "refusal"):
             if isinstance(part.get(key), str):
-                return self._text(encoding, part[key])
+                return count(part[key])
         if kind == "redacted_thinking":
             return 0  # encrypted; providers drop it from the prompt
-        return self._value(encoding, {k: v for k, v in part.items() if k != "type"})
+        return self._value(count, {k: v for k, v in part.items() if k != "type"})
 
-    def _content(self, encoding: str | None, model: str, content: Any) -> int:
+    def _content(self, count: TextCount, model: str, content: Any) -> int:
         if content is None:
             return 0
         if isinstance(content, str):
-            return self._text(encoding, content)
+            return count(content)
         if isinstance(content, list):
-            return sum(self._part(encoding, model, part) for part in content)
-        return self._value(encoding, content)
+            return sum(self._part(count, model, part) for part in content)
+        return self._value(count, content)
 
     def _message_key(
         self, encoding: str | None, model: str, message: Mapping[str, Any], data: bytes | None
@@ -192,33 +203,39 @@ class RawCounter:
             if cached is not None:
                 self._cache.move_to_end(key)
                 return cached
-        total = PER_MESSAGE + self._text(encoding, str(message.get("role", "")))
-        total += self._content(encoding, model, message.get("content"))
-        if message.get("name"):
-            total += PER_NAME + self._text(encoding, str(message["name"]))
-        calls = message.get("tool_calls")
-        for call in calls if isinstance(calls, list) else []:
-            total += PER_TOOL_CALL
-            fn = call.get("function") if isinstance(call, dict) else call
-            if isinstance(fn, dict):
-                total += self._text(encoding, str(fn.get("name", "")))
-                total += self._text(encoding, str(fn.get("arguments", "")))
-        legacy = message.get("function_call")
-        if isinstance(legacy, dict):
-            total += PER_TOOL_CALL + self._value(encoding, legacy)
-        if message.get("tool_call_id"):
-            total += self._text(encoding, str(message["tool_call_id"]))
-        if message.get("refusal"):
-            total += self._text(encoding, str(message["refusal"]))
-        for extra, value in message.items():
-            # reasoning_content / reasoning / thinking / reasoning_details and any unknown
-            # field: counted, because some templates render them and overcounting is safe.
-            if extra not in _KNOWN_KEYS and value is not None:
-                total += self._value(encoding, value)
+        total = self._uncached(self._count_of(encoding), model, message)
         with self._lock:
             self._cache[key] = total
             if len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
+        return total
+
+    def _uncached(self, count: TextCount, model: str, message: Mapping[str, Any]) -> int:
+        """`raw_message` counted: its fields in one pass."""
+        total = PER_MESSAGE
+        for key, value in message.items():
+            if key == "role":
+                total += count(str(value))
+            elif key == "content":
+                total += self._content(count, model, value)
+            elif key == "tool_calls":
+                for call in value if isinstance(value, list) else ():
+                    total += PER_TOOL_CALL
+                    fn = call.get("function") if isinstance(call, dict) else call
+                    if isinstance(fn, dict):
+                        total += count(str(fn.get("name", ""))) + count(
+                            str(fn.get("arguments", ""))
+                        )
+            elif key == "name":
+                total += PER_NAME + count(str(value)) if value else 0
+            elif key == "tool_call_id" or key == "refusal":
+                total += count(str(value)) if value else 0
+            elif key == "function_call":
+                total += PER_TOOL_CALL + self._value(count, value) if isinstance(value, dict) else 0
+            elif value is not None:
+                # reasoning_content / reasoning / thinking / reasoning_details and any unknown
+                # field: counted, because some templates render them and overcounting is safe.
+                total += self._value(count, value)
         return total
 
     def _json_text(self, encoding: str | None, value: Any) -> int:
@@ -256,5 +273,5 @@ class RawCounter:
             value = body.get(field_name)
             if value:
                 total += PER_MESSAGE + self._text(encoding, "system")
-                total += self._content(encoding, "", value)
+                total += self._content(self._count_of(encoding), "", value)
         return total

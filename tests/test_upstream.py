@@ -154,6 +154,8 @@ async def test_requests_in_turn_reuse_the_first_pool(tmp_path: Path) -> None:
     with serve(_slow_upstream()) as url:
         upstream = Upstream(make_settings(tmp_path))
         assert len(upstream.pools) == POOL_SHARDS
+        contexts = {id(p._pool._ssl_context) for p in upstream.pools}  # type: ignore[attr-defined]
+        assert len(contexts) == 1  # one TLS context (the CA bundle loaded once)
         try:
             for _ in range(5):
                 answer = await upstream.send("POST", url + "/v1/slow", [], b"{}")

@@ -8,6 +8,8 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import app.jsontext as jsontext
 from app.jsontext import messages_text
@@ -41,3 +43,64 @@ def test_mappings_that_are_not_plain_objects_have_no_text() -> None:
 
     assert messages_text([Message(role="user", content="hi")]) is None
     assert messages_text([{"role": "user", "content": "hi"}]) is not None
+
+
+# -- what the body parser proves: a history starts with an earlier one's bytes ----------------
+
+EDITS = st.lists(
+    st.tuples(
+        st.sampled_from(["grow", "grow", "grow", "branch", "model", "drop"]), st.integers(0, 50)
+    ),
+    min_size=1,
+    max_size=25,
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(EDITS)
+def test_starts_with_agrees_with_the_bytes(
+    tmp_path_factory: pytest.TempPathFactory, edits: list[tuple[str, int]]
+) -> None:
+    """A session parsed as the proxy parses it (reusing the last body's parse), grown,
+    branched at an earlier message, its model changed or its tail dropped: whatever the parser
+    claims a history starts with (`starts_with`'s shortcut), the bytes say the same, for every
+    earlier history at every message boundary and whole; and a grown session is claimed."""
+    from app.factory import create_app
+    from tests.conftest import make_settings
+
+    app = create_app(make_settings(tmp_path_factory.mktemp("s")))
+    chat = app.state.inflight.chat
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "s " * 300}]
+    model, texts, claimed = "gpt-4o", [], 0
+    for kind, n in edits:
+        if kind == "grow":
+            messages = [
+                *messages,
+                {"role": "user" if n % 2 else "assistant", "content": f"m{n} " * 100},
+            ]
+        elif kind == "branch" and len(messages) > 1:
+            at = 1 + n % (len(messages) - 1)
+            messages = [
+                *messages[:at],
+                {"role": "user", "content": f"edited {n}"},
+                *messages[at + 1 :],
+            ]
+        elif kind == "model":
+            model = f"gpt-4o-{n % 3}"
+        elif kind == "drop" and len(messages) > 1:
+            messages = messages[: max(1, len(messages) - 1 - n % 3)]
+        body = chat._parse(orjson.dumps({"model": model, "messages": messages}))
+        text = messages_text(body["messages"])
+        assert text == orjson.dumps(messages)
+        for earlier in texts:
+            bounds = {len(earlier), len(earlier) - 1, *range(1, len(earlier), 997)}
+            for length in bounds:
+                assert jsontext.starts_with(text, earlier, length) == text.startswith(
+                    earlier[:length]
+                ), (kind, length)
+                known = jsontext._extends
+                if known is not None and known[0] is text and id(earlier) in known[1]:
+                    claimed += 1
+        texts = [*texts[-10:], text]
+    if sum(kind == "grow" for kind, _ in edits) > 3 and all(k == "grow" for k, _ in edits):
+        assert claimed  # a growing session's histories are known without comparing

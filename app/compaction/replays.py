@@ -26,7 +26,7 @@ from typing import Any, Generic, TypeVar
 
 import orjson
 
-from app.jsontext import messages_text
+from app.jsontext import messages_text, starts_with
 
 ENTRIES = 64  # conversations (and plan inputs) whose last replay is remembered
 MAX_BYTES = 64 * 1024 * 1024  # their JSON and state, in all
@@ -43,13 +43,21 @@ def json_text(messages: Sequence[Mapping[str, Any]]) -> bytes | None:
 
 @dataclass(frozen=True, slots=True)
 class Saved(Generic[S]):
-    """The replay state after the messages whose JSON `text` is (the list's text without its
-    closing bracket), for the plan inputs `key`."""
+    """The replay state after the messages whose JSON text is the first `length` bytes of
+    `source` (the list's text without its closing bracket: `source` is the text of the request
+    that remembered it, of which these messages are the leading ones), for the plan inputs
+    `key`."""
 
     key: Hashable
-    text: bytes
+    source: bytes
+    length: int
     state: S
     size: int  # what it holds, counted against the cache's bound in bytes
+
+    @property
+    def text(self) -> bytes:
+        """Its messages' JSON text (a copy: matching compares `source` in place)."""
+        return self.source[: self.length]
 
 
 class ReplayCache(Generic[S]):
@@ -80,10 +88,10 @@ class ReplayCache(Generic[S]):
         with self._lock:
             best: Saved[S] | None = None
             for entry in self._entries.values():
-                if entry.key != key or (best is not None and len(entry.text) <= len(best.text)):
+                if entry.key != key or (best is not None and entry.length <= best.length):
                     continue
-                end = len(entry.text)  # where `text` goes on with "," and the next message
-                if text.startswith(entry.text) and text[end : end + 1] == b",":
+                end = entry.length  # where `text` goes on with "," and the next message
+                if text[end : end + 1] == b"," and starts_with(text, entry.source, end):
                     best = entry
             if best is not None:
                 self._entries.move_to_end(id(best))
@@ -94,7 +102,9 @@ class ReplayCache(Generic[S]):
         (whatever its plan inputs): what is left to replay is that little."""
         with self._lock:
             entries = list(self._entries.values())
-        return any(len(text) - len(e.text) <= slack and text.startswith(e.text) for e in entries)
+        return any(
+            len(text) - e.length <= slack and starts_with(text, e.source, e.length) for e in entries
+        )
 
     def store(self, entry: Saved[S], replacing: Saved[S] | None = None) -> None:
         """Remember `entry`, in place of `replacing` (the entry it extends: a conversation
@@ -153,6 +163,6 @@ class Recall:
         the count function's state moved while planning."""
         if not self.replays.keep or self.replays.counting() != self.counting:
             return
-        text = self.text[: len(self.text) - len(orjson.dumps(list(messages[end:])))]
-        size = len(text) + STATE_BYTES_PER_UNIT * end
-        self.replays.cache.store(Saved(self.key, text, state, size), self.found)
+        length = len(self.text) - len(orjson.dumps(list(messages[end:])))
+        size = len(self.text) + STATE_BYTES_PER_UNIT * end
+        self.replays.cache.store(Saved(self.key, self.text, length, state, size), self.found)

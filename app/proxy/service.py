@@ -23,8 +23,8 @@ from starlette.responses import Response
 
 from app.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
 from app.http.body import read_body
-from app.http.reuse import ParsedBodies
-from app.jsontext import known_text
+from app.http.reuse import ParsedBodies, Reused
+from app.jsontext import known_text, text_of
 from app.proxy.api import Api, Exchange
 from app.proxy.headers import filter_request_headers, filter_response_headers
 from app.proxy.relay import RelayResponse, RelayResult, buffered_response
@@ -120,9 +120,19 @@ class ApiService:
             check(reused)
             body = reused.body
             if self.api.history_is_view:  # the history's text: in `raw` already
-                known_text(body[bodies.key], reused.history_text(raw))
+                known_text(body[bodies.key], reused.history_text(raw), self._extends(reused))
         bodies.remember(raw, body, reused)
         return body
+
+    def _extends(self, reused: Reused) -> tuple[bytes, int] | None:
+        """The earlier history text the new one is known to begin with, and for how many
+        bytes: the bodies' bytes were compared up to the end of the last item reused, and
+        both histories start where the bodies' shared bytes put them."""
+        assert self._bodies is not None
+        earlier = text_of(reused.entry.body[self._bodies.key])
+        if earlier is None or not reused.reused:
+            return None
+        return earlier, reused.ends[reused.reused - 1] - (reused.opened - 1)
 
     async def reject(
         self, error: ProxyError, client_key_id: str | None, started: float | None = None

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from app.jsontext import starts_with
 from app.tokens.calibration import Correction
 
 PREFIX_SLOTS = 8  # conversations whose last request is remembered (each its bytes and counts)
@@ -28,15 +29,14 @@ class Prefix:
         """How many leading messages `text` (a request's messages as one JSON text) has
         byte-identical to this one's. Messages are objects, so an object that starts where
         one of these starts and agrees with it up to its closing brace is that message."""
-        view = memoryview(self.text)  # compared in place: no copy of a prefix
-        if scope != self.scope or not self.ends or not text.startswith(view[: self.ends[0]]):
+        if scope != self.scope or not self.ends or not starts_with(text, self.text, self.ends[0]):
             return 0
-        if text.startswith(view[: self.ends[-1]]):
+        if starts_with(text, self.text, self.ends[-1]):
             return len(self.ends)  # the common case: the conversation went on
         low, high = 1, len(self.ends) - 1  # ends[low - 1] is shared; ends[high] is not
         while low <= high:
             mid = (low + high) // 2
-            if text.startswith(view[: self.ends[mid]]):
+            if starts_with(text, self.text, self.ends[mid]):
                 low = mid + 1
             else:
                 high = mid - 1

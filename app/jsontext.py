@@ -29,7 +29,8 @@ _lock = threading.Lock()
 # against those they remember ask `starts_with`, and need not compare the same bytes again:
 # each comparison reads the whole history, 0.2 MB at 600 messages.
 CHAIN = 8  # earlier texts known per text
-_extends: tuple[bytes, dict[int, tuple[bytes, int]]] | None = None
+# (the last text cut, {id(earlier text): (that text, bytes shared)}), or nothing
+_extends: deque[tuple[bytes, dict[int, tuple[bytes, int]]]] = deque(maxlen=1)
 
 
 def known_text(
@@ -39,27 +40,29 @@ def known_text(
 ) -> None:
     """`text` is orjson's text of `messages` (cut from the body they were parsed from);
     `extends`: an earlier text and how many of its leading bytes `text` is known to share."""
-    global _extends
     with _lock:
         _recent.append((messages, text))
+        last = _extends.pop() if _extends else None
         if extends is None:
-            _extends = None
             return
         earlier, shared = extends
         chain = {id(earlier): (earlier, shared)}
-        if _extends is not None and _extends[0] is earlier:
-            for key, (source, length) in list(_extends[1].items())[: CHAIN - 1]:
+        if last is not None and last[0] is earlier:
+            for key, (source, length) in list(last[1].items())[: CHAIN - 1]:
                 chain.setdefault(key, (source, min(length, shared)))
-        _extends = (text, chain)
+        _extends.append((text, chain))
+
+
+def _held(messages: Sequence[Mapping[str, Any]]) -> tuple[Sequence[Any], bytes | None] | None:
+    """The (list, text) kept for `messages` when it is the list last serialised."""
+    with _lock:
+        return next((entry for entry in _recent if entry[0] is messages), None)
 
 
 def text_of(messages: Sequence[Mapping[str, Any]]) -> bytes | None:
     """The text of `messages` when it is known (the list is the one last serialised)."""
-    with _lock:
-        for held, known in _recent:
-            if held is messages:
-                return known
-    return None
+    held = _held(messages)
+    return held[1] if held is not None else None
 
 
 def starts_with(text: bytes, source: bytes, length: int) -> bool:
@@ -67,7 +70,8 @@ def starts_with(text: bytes, source: bytes, length: int) -> bool:
     parser proved when it covers them, else by comparing the bytes (in place)."""
     if length > len(source) or length > len(text):
         return False
-    known = _extends
+    with _lock:  # planning threads ask while the event loop's parser tells
+        known = _extends[0] if _extends else None
     if known is not None and known[0] is text:
         found = known[1].get(id(source))
         if found is not None and found[0] is source and found[1] >= length:
@@ -78,10 +82,9 @@ def starts_with(text: bytes, source: bytes, length: int) -> bool:
 def messages_text(messages: Sequence[Mapping[str, Any]]) -> bytes | None:
     """`messages` as orjson's text of a list, or None when they are not plain JSON objects
     (dict subclasses and other mappings are not serialised)."""
-    with _lock:
-        for held, known in _recent:
-            if held is messages:
-                return known
+    held = _held(messages)
+    if held is not None:
+        return held[1]
     text: bytes | None
     try:
         text = orjson.dumps(list(messages), option=orjson.OPT_PASSTHROUGH_SUBCLASS)

@@ -4,19 +4,23 @@ request's `Preview`; and what an upstream overflow that states no number teaches
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import orjson
 
-from app.compaction.cuts import Cut
+from app.compaction.cuts import Cut, cuts_of
 from app.compaction.formats import ApiName, Conversation, WireFormat
+from app.compaction.offload import offload
 from app.compaction.policy import StrategyName
 from app.compaction.report import Preview, report_headers
 from app.compaction.summary.prompt import SummaryUsage
 from app.errors import ContextLengthExceeded
 from app.settings import OnOverflow
+from app.tokens.counter import TokenCounter
 from app.windows.overflow import OverflowInfo
 
 # The request field that holds the history, per API (named by a too-long-to-fit error).
@@ -99,3 +103,26 @@ def overflow_bound(
         return None
     bound = failed.tokens_after
     return OverflowInfo(bound, None) if bound < failed.context_limit else None
+
+
+async def ledgered(
+    preview: Preview, compacted: Compacted, counter: TokenCounter, full: bool
+) -> Compacted:
+    """`compacted` with a ledger id and its cuts (their texts too when `full`), when something
+    was cut (DESIGN.md §11). The id is random (unguessable); the cuts are a pure function of
+    the request, worked out in a worker thread for a large one."""
+    if not preview.result.applied:
+        return compacted
+    cuts = await offload(preview.conversation.messages, partial(_cuts, preview, counter, full))
+    if not cuts:
+        return compacted
+    ledger_id = secrets.token_urlsafe(16)
+    headers = {**compacted.headers, "X-Compaction-Id": ledger_id}
+    return replace(compacted, headers=headers, ledger_id=ledger_id, cuts=cuts)
+
+
+def _cuts(preview: Preview, counter: TokenCounter, full: bool) -> tuple[Cut, ...]:
+    # the counts planning just made (the counter's prefix cache: no message counted again),
+    # of the very list planning counted (its JSON text known: app/jsontext.py)
+    tokens = counter.count_messages(preview.body["model"], preview.conversation.messages)
+    return cuts_of(preview.conversation, preview.result, tokens, full)

@@ -81,12 +81,11 @@ class Quiet:
 
 def still_quiet(
     state: Replay | Quiet, shape: UnitRoles, costs: UnitCosts, trigger: int, keep: bool
-) -> tuple[Plan, Replay | Quiet | None] | None:
+) -> tuple[Plan, Quiet | None] | None:
     """The plan of a history (`shape`) that extends `state`'s prefix and is under `trigger` as
     a whole, and its mark before its last unit when `keep` (where a later request resumes, as
-    the replay keeps): `state` itself when it is that already (remembered again, it is found
-    by this request's text, which the next request's is known to extend: app/jsontext.py);
-    None when the history is not quiet, or not cheaply so."""
+    the replay keeps), unless `state` is that already; None when the history is not quiet, or
+    not cheaply so."""
     start = state.start if isinstance(state, Quiet) else state
     if not start.pristine:
         return None
@@ -101,9 +100,7 @@ def still_quiet(
         # later request may have grown: its price must not be among them
         costs.memo.pop((n - 1, 0, False), None)
         return None
-    mark: Replay | Quiet | None = None
-    if keep and len(added) > 1:
+    mark = None
+    if keep and len(added) > 1:  # (one unit added: `state` itself stands for the prefix)
         mark = Quiet(start, shape.prefix(n - 1), marked + tuple(added[:-1]), total - added[-1])
-    elif keep:  # one unit added: `state` itself stands for the prefix
-        mark = state
     return quiet_plan(shape, costs, total), mark

@@ -11,14 +11,11 @@ service applies; it never touches the exchange itself. No web or HTTP client imp
 from __future__ import annotations
 
 import logging
-import secrets
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from functools import partial
 from typing import Any
 
-from app.compaction.compacted import Compacted, compacted_of, overflow_bound
-from app.compaction.cuts import Cut, cuts_of
+from app.compaction.compacted import Compacted, compacted_of, ledgered, overflow_bound
 from app.compaction.engine import compact, marker_tokens
 from app.compaction.formats import WireFormat
 from app.compaction.formats.chat import ChatFormat
@@ -305,26 +302,19 @@ class CompactionService:
         self, wire: WireFormat, headers: Mapping[str, str], body: Mapping[str, Any], base_url: str
     ) -> Compacted:
         """What to forward for `body` (a request as received, parsed)."""
-        preview = await self.plan(headers, body, base_url, wire=wire, forwarding=True)
-        compacted = await self._ledgered(preview, self._compacted(wire, preview))
-        preview.start_background()  # no await from here until the caller sends the request
+        return await self._forwarded(
+            wire, await self.plan(headers, body, base_url, wire=wire, forwarding=True)
+        )
+
+    async def _forwarded(self, wire: WireFormat, preview: Preview) -> Compacted:
+        """What to forward for `preview`, with its ledger id; its background summaries start,
+        and there is no await from there until the caller sends the request."""
+        compacted = compacted_of(wire, preview, self._settings.on_overflow)
+        if self._ledger is not LedgerMode.OFF:
+            full = self._ledger is LedgerMode.FULL
+            compacted = await ledgered(preview, compacted, self._counter, full)
+        preview.start_background()
         return compacted
-
-    async def _ledgered(self, preview: Preview, compacted: Compacted) -> Compacted:
-        """`compacted` with a ledger id and its cuts, when something was cut and the ledger is
-        on (DESIGN.md §11). The id is random (unguessable); the cuts are a pure function of
-        the request, worked out in a worker thread for a large one."""
-        if self._ledger is LedgerMode.OFF or not preview.result.applied:
-            return compacted
-        cuts = await offload(preview.conversation.messages, partial(self._cuts, preview))
-        if not cuts:
-            return compacted
-        ledger_id = secrets.token_urlsafe(16)
-        headers = {**compacted.headers, "X-Compaction-Id": ledger_id}
-        return replace(compacted, headers=headers, ledger_id=ledger_id, cuts=cuts)
-
-    def _compacted(self, wire: WireFormat, preview: Preview) -> Compacted:
-        return compacted_of(wire, preview, self._settings.on_overflow)
 
     def learn(
         self,
@@ -380,16 +370,7 @@ class CompactionService:
             "upstream overflow for %s (window %s, prompt %s tokens): retrying with %d",
             model, info.window, info.prompt_tokens, preview.result.tokens_after,
         )  # fmt: skip
-        compacted = await self._ledgered(preview, self._compacted(wire, preview))
-        preview.start_background()  # no await from here until the caller sends the request
-        return compacted
-
-    def _cuts(self, preview: Preview) -> tuple[Cut, ...]:
-        # the counts planning just made (the counter's prefix cache: no message counted again),
-        # of the very list planning counted (its JSON text known: app/jsontext.py)
-        tokens = self._counter.count_messages(preview.body["model"], preview.conversation.messages)
-        keep = self._ledger is LedgerMode.FULL
-        return cuts_of(preview.conversation, preview.result, tokens, keep)
+        return await self._forwarded(wire, preview)
 
     def upstream_truncated(
         self, model: str, sent: Compacted, base_url: str, reported: int | None

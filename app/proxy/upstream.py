@@ -234,7 +234,7 @@ class Upstream:
         """
         request = self._request(method, url, headers, content, deadline)
         loads = self._loads
-        pool = loads.index(min(loads)) if len(loads) > 1 else 0
+        pool = loads.index(min(loads))
         loads[pool] += 1
         server = origin(request.url) if client else None
         if server is not None:

@@ -16,7 +16,10 @@ from app.compaction.planner import plan
 from app.compaction.policy import Budget, StrategyName
 from app.compaction.refs import ref_suffix
 from app.compaction.truncate import MARKER, cap_chars, cut_text, kept_length, truncate_unit
-from app.compaction.units import HEAD_ROLES, check_pair_safety, is_strict_alternation
+from app.compaction.unit_costs import UnitCosts
+from app.compaction.units import HEAD_ROLES, UnitRoles, check_pair_safety, is_strict_alternation
+from app.tokens.counter import ChatTokenCounter
+from app.tokens.encodings import load_encodings
 from tests.conversations import conversations, simple_count, strict_floor
 
 AUTO: tuple[StrategyName, ...] = ("truncate", "prune", "trim")
@@ -331,3 +334,75 @@ def test_a_call_whose_arguments_are_not_cut_stays_the_clients_object() -> None:
     assert out[0] is not unit[0]  # the long texts were cut
     assert out[0]["tool_calls"][0] is short
     assert out[0]["tool_calls"][1] is not long
+
+
+COUNTER = ChatTokenCounter(load_encodings())
+
+
+def gpt4o_count(message: Mapping[str, Any]) -> int:
+    return COUNTER.count_message("gpt-4o", message)
+
+
+def parallel_round(outputs: Sequence[str], queries: Sequence[int] = ()) -> list[dict[str, Any]]:
+    """An assistant message with a call per output, each asking `0` times a query's length."""
+    queries = [*queries, *[0] * (len(outputs) - len(queries))]
+    calls = [
+        call(f"call_a{k}", "bash", json.dumps({"q": "0" * queries[k]})) for k in range(len(outputs))
+    ]
+    return [
+        {"role": "assistant", "content": "0" * 26, "tool_calls": calls},
+        *(
+            {"role": "tool", "tool_call_id": f"call_a{k}", "content": t}
+            for k, t in enumerate(outputs)
+        ),
+    ]
+
+
+def test_a_cut_that_costs_tokens_is_not_made_even_as_a_last_resort() -> None:
+    """Outputs that compress to few tokens: a cut's marker, with its ref's hex digits, costs
+    more than the text it removes. The last unit does not fit, and is still left whole: deep
+    truncation is a last resort that must save, and compacting again changes nothing (found
+    by hypothesis with a partial stand-in, tests/test_partial_stand_in.py)."""
+    task = "Look at every file in the tree and tell me what each one does. " * 8
+    head = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": task}]
+    outputs = ["x" * n for n in (400, 620, 646, 647)]
+    messages = head + parallel_round(outputs, [0, 7, 12, 32])
+    the_budget = Budget(window=1024, reserve=512, threshold=0.8, target=0.5)
+    result = compact(messages, AUTO, the_budget, gpt4o_count, 0)
+    assert result.over_budget
+    assert result.messages == messages
+    assert result.tokens_after <= result.tokens_before
+    again = compact(result.messages, AUTO, the_budget, gpt4o_count, 0)
+    assert again.messages == result.messages
+
+
+FILLS = st.sampled_from(["x", "ab", "0", " ", "xy\n", "é", "<>"])
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    fills=st.lists(st.tuples(FILLS, st.integers(0, 1_500)), min_size=1, max_size=4),
+    cap=st.sampled_from([0, 200, 800, 2_000]),
+    before=st.lists(st.integers(0, 400), min_size=2, max_size=2, unique=True),
+    queries=st.lists(st.integers(0, 40), max_size=4),
+)
+def test_whether_a_unit_is_truncated_does_not_depend_on_where_it_stands(
+    fills: list[tuple[str, int]], cap: int, before: list[int], queries: list[int]
+) -> None:
+    """The same round after any number of earlier messages: the same decisions to cut its
+    outputs, and deeply (invariant 5: compacting the output again, where the round has moved,
+    decides the same), and each cut it makes saves tokens where it stands (invariant 4)."""
+    round_ = parallel_round([fill * n for fill, n in fills], queries)
+    decisions = []
+    for earlier in before:
+        messages = [{"role": "user", "content": "u"}] * earlier + round_
+        shape = UnitRoles.of(messages)
+        costs = UnitCosts(messages, shape.units, gpt4o_count, cap)
+        last = len(shape.units) - 1
+        giant, deep = costs.has_giant_output(last), costs.saves(last, 2, 0)
+        decisions.append((giant, deep))
+        if giant:
+            assert costs.render(last, 1, False) < costs.render(last, 0, False)
+        if deep:
+            assert costs.render(last, 2, False) < costs.render(last, 0, False)
+    assert decisions[0] == decisions[1]

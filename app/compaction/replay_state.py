@@ -244,7 +244,7 @@ class Replay:
         for i in tail:
             if i in self.dropped or i in self.deep:
                 continue
-            if self.costs.render(i, 2, False) < self.costs.render(i, 1, False):
+            if self.costs.saves(i, 2, truncation_level(i, self.truncated, self.deep)):
                 self.truncated.add(i)
                 self.deep.add(i)
                 self.refresh(i)

@@ -35,6 +35,7 @@ _MARKER_RE = re.compile(
 )
 _MARKER_BASE = len(MARKER.format(cut="", ref=ref_suffix("0" * REF_LENGTH)))  # without the digits
 _MARKER_START = MARKER.partition("{")[0]
+_MARKER_JSON = orjson.dumps(_MARKER_START.strip())[1:-1]  # as it reads in a message's JSON
 _MAX_DIGITS = 20
 _JSON_DEPTH = 32  # JSON arguments nested deeper are cut as plain text
 MIN_CAP_CHARS = 2_000
@@ -69,6 +70,16 @@ def kept_length(text: str) -> int | None:
         if found is not None and int(found.group(1)) > 2 * size:
             return kept
     return None
+
+
+def markers(messages: Sequence[Mapping[str, Any]], originals: Sequence[Mapping[str, Any]]) -> int:
+    """How many cut markers `messages` carry that the `originals` they were made from do not
+    (an upper bound: a message's every marker-like text counts, its own content's too)."""
+    return sum(
+        orjson.dumps(new).count(_MARKER_JSON) - orjson.dumps(old).count(_MARKER_JSON)
+        for new, old in zip(messages, originals, strict=True)
+        if new is not old
+    )
 
 
 def cut_text(text: str, keep: int, ref: str) -> str:

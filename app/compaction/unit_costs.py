@@ -9,7 +9,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from app.compaction.prune import prune_unit
-from app.compaction.truncate import truncate_unit
+from app.compaction.refs import REF_LENGTH
+from app.compaction.truncate import markers, truncate_unit
 from app.compaction.units import Unit
 
 MessageCounter = Callable[[Mapping[str, Any]], int]
@@ -17,6 +18,9 @@ MessageCounter = Callable[[Mapping[str, Any]], int]
 # message, else what stands for it (a placeholder of ours): see `UnitCosts.shown`.
 Shown = tuple[Mapping[str, Any] | None, ...]
 TOOL_KINDS = ("tool_round", "function_round")
+# The most tokens one marker's ref can count more or less than another's: its hex digits, and
+# the space before them that a tokenizer may join to them or not.
+REF_SLACK = REF_LENGTH + 1
 
 
 def truncation_level(i: int, truncated: AbstractSet[int], deep: AbstractSet[int]) -> int:
@@ -102,7 +106,35 @@ class UnitCosts:
         """Whether truncating unit i's tool outputs changes it and makes it cheaper."""
         if self.units[i].kind == "message":
             return False  # a user, assistant or system message: tool outputs are what is cut
-        return self.render(i, 1, False) < self.render(i, 0, False)
+        return self.saves(i, 1, 0)
+
+    def saves(self, i: int, level: int, than: int) -> bool:
+        """Whether unit i costs fewer tokens truncated at `level` than at `than`, decided the
+        same wherever the unit stands (invariant 5: compacting the output again, where the
+        unit has moved, must decide the same).
+
+        A marker's ref hashes the text's position, and its hex digits tokenize differently
+        from one position to the next. So the unit is priced with refs of a fixed position
+        and must save more than the most that the refs can move, `REF_SLACK` tokens per
+        marker: then it saves at its own position too (invariant 4). Only a unit near that
+        line is priced twice: one far from it is decided by its cost where it stands.
+        """
+        gain = self.render(i, than, False) - self.render(i, level, False)
+        if gain <= 0:
+            return False
+        unit = self.units[i]
+        chunk = list(self.messages[unit.start : unit.end])
+        protect = self.protect if i < len(self.units) - 1 else frozenset()
+        here = (transform(chunk, unit, self.cap, k, False, protect) for k in (level, than))
+        slack = REF_SLACK * sum(markers(out, chunk) for out in here)
+        if gain > 2 * slack:
+            return True
+        fixed = replace(unit, start=0)
+        level_cost, than_cost = (
+            sum(map(self.count, transform(chunk, fixed, self.cap, k, False, protect)))
+            for k in (level, than)
+        )
+        return than_cost - level_cost > slack
 
 
 def _uncounted(message: Mapping[str, Any]) -> int:

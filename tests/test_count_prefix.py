@@ -51,17 +51,17 @@ def test_batches_equal_counting_each_message(steps: list[Any], model: str) -> No
         if 0 <= edit < len(messages):
             messages[edit] = copy.deepcopy(replacement)  # an edited history: no stale counts
         request = copy.deepcopy(messages)  # a new request parses new objects
-        assert counter.count_messages(model, request) == fresh(model, request)
+        assert list(counter.count_messages(model, request)) == fresh(model, request)
         other = "gpt-4o-mini" if model != "gpt-4o-mini" else "gpt-4o"  # image prices differ
-        assert counter.count_messages(other, request) == fresh(other, request)
+        assert list(counter.count_messages(other, request)) == fresh(other, request)
 
 
 def test_calibration_applies_to_remembered_counts() -> None:
     counter = ChatTokenCounter(ENCODINGS)
     messages = [{"role": "user", "content": "hello " * 50}, {"role": "assistant", "content": "hi"}]
-    before = counter.count_messages("qwen", messages)
+    before = list(counter.count_messages("qwen", messages))
     counter.observe("qwen", {"messages": messages}, 2 * sum(before), overflowed=True)
-    after = counter.count_messages("qwen", copy.deepcopy(messages))
+    after = list(counter.count_messages("qwen", copy.deepcopy(messages)))
     assert after != before
     assert after == [counter.count_message("qwen", m) for m in messages]
 
@@ -87,7 +87,7 @@ def test_count_within_counts_copies_on_their_own() -> None:
     assert count_within(counter, "gpt-4o", messages, memo, shorter) == counter.count_message(
         "gpt-4o", shorter
     )
-    assert memo.counts == [counter.count_message("gpt-4o", messages[0])]
+    assert list(memo.counts or ()) == [counter.count_message("gpt-4o", messages[0])]
 
 
 @settings(max_examples=100, deadline=None)
@@ -137,5 +137,5 @@ def test_calibrated_counts_reused_with_the_prefix_follow_the_calibration(steps: 
         elif action == 2:  # the upstream says the prompt was bigger: the correction moves
             actual = 2 * counter.raw_request(model, {"messages": request}) + 40
             counter.observe(model, {"messages": request}, actual, overflowed=True)
-        counted = counter.count_messages(model, request)
+        counted = list(counter.count_messages(model, request))
         assert counted == [counter.count_message(model, m) for m in request]

@@ -192,7 +192,7 @@ class FaultyCounter(ChatTokenCounter):
         self.fault.check("count")
         return super().count_message(model, message)
 
-    def count_messages(self, model: str, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+    def count_messages(self, model: str, messages: Sequence[Mapping[str, Any]]) -> Sequence[int]:
         for _ in messages:  # the batch counts each message as count_message would
             self.fault.check("count")
         return super().count_messages(model, messages)

@@ -62,7 +62,7 @@ def simulate(
     """Replay; summaries need an upstream, so offline `summarize` is simulated as `trim`."""
     pipeline = resolve_pipeline(strategies, summarizer_available=False)
     turns: list[Turn] = []
-    previous: list[Mapping[str, Any]] | None = None
+    previous: Sequence[Mapping[str, Any]] | None = None
 
     def count(message: Mapping[str, Any]) -> int:
         return counter.count_message(model, message)

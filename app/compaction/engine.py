@@ -36,7 +36,7 @@ MARKER_SLACK = 8  # tokens over the marker's own count: folding it into the head
 class CompactionResult:
     """The compacted messages and what it took (for headers, usage and the preview)."""
 
-    messages: list[Mapping[str, Any]]
+    messages: Sequence[Mapping[str, Any]]  # a plan that changes nothing: the input itself
     applied: tuple[StrategyName, ...]
     tokens_before: int
     tokens_after: int
@@ -46,7 +46,7 @@ class CompactionResult:
     plan: Plan
     # per output message, the index of the input message it came from (the same object when
     # untouched, else a transformed copy); None for a summary inserted as a message of its own
-    sources: tuple[int | None, ...]
+    sources: Sequence[int | None]
     # restoring: every ref the markers carry -> the original text (app/compaction/restorable.py)
     refs: Mapping[str, str] = field(default_factory=dict)
 
@@ -121,9 +121,11 @@ def _applied(plan: Plan, pipeline: tuple[StrategyName, ...]) -> tuple[StrategyNa
 def _unchanged(
     messages: Sequence[Mapping[str, Any]], the_plan: Plan, budget: Budget
 ) -> CompactionResult:
-    """The result of a plan that changes nothing: the messages as they are."""
+    """The result of a plan that changes nothing: the messages as they are (the very list: a
+    copy, and a tuple of every index, would touch each of a long history's objects on every
+    request, and most requests change nothing)."""
     return CompactionResult(
-        list(messages),
+        messages,
         (),
         the_plan.tokens_before,
         the_plan.tokens_before,
@@ -131,7 +133,7 @@ def _unchanged(
         len(messages),
         the_plan.tokens_before > budget.budget,
         the_plan,
-        tuple(range(len(messages))),
+        range(len(messages)),
     )
 
 

@@ -99,9 +99,11 @@ class ReplayCache(Generic[S]):
 
     def covers(self, text: bytes, slack: int) -> bool:
         """Whether some entry's messages are the messages of `text` but at most `slack` bytes
-        (whatever its plan inputs): what is left to replay is that little."""
+        (whatever its plan inputs): what is left to replay is that little. The most recently
+        used first: a conversation's own entry, whose text the body parser proved `text`
+        extends (`starts_with`), answers before older ones whose bytes must be compared."""
         with self._lock:
-            entries = list(self._entries.values())
+            entries = list(reversed(self._entries.values()))
         return any(
             len(text) - e.length <= slack and starts_with(text, e.source, e.length) for e in entries
         )

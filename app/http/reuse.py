@@ -23,6 +23,7 @@ and among the few sharing them, by the longest match.
 from __future__ import annotations
 
 import threading
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,7 +45,7 @@ class _Body:
 
     raw: bytes
     body: dict[str, Any]
-    ends: list[int] | None = None
+    ends: array[int] | None = None
     checked: bool = False
     size: int = field(default=0)
     opened: int = 0  # where the history's first item starts (right after its `[`)
@@ -59,7 +60,7 @@ class Reused:
     body: dict[str, Any]
     reused: int
     rest: dict[str, Any]
-    ends: list[int]  # where every item of the new bytes' history ends
+    ends: array[int]  # where every item of the new bytes' history ends
     opened: int  # where its first item starts (right after its `[`)
     entry: _Body  # the remembered body it extends
 
@@ -128,7 +129,8 @@ class ParsedBodies:
         for name, value in rest.items():
             if name != self._key:
                 body[name] = value
-        ends = [*entry.ends[:k], *_item_ends(rest[self._key], rest_at, orjson.dumps)]
+        ends = entry.ends[:k]
+        ends.extend(_item_ends(rest[self._key], rest_at, orjson.dumps))
         return Reused(body, k, rest, ends, entry.opened, entry)
 
     def remember(self, raw: bytes, body: dict[str, Any], reused: Reused | None = None) -> None:
@@ -163,7 +165,7 @@ class ParsedBodies:
             entries = list(self._entries.values())
         return all(orjson.loads(e.raw) == e.body for e in entries)
 
-    def _ends(self, entry: _Body) -> list[int] | None:
+    def _ends(self, entry: _Body) -> array[int] | None:
         """Where each item of `entry`'s history ends in its bytes (once: None when its bytes
         are not orjson's text of its body)."""
         if not entry.checked:
@@ -197,10 +199,11 @@ class ParsedBodies:
             self._by_probe.pop(entry.raw[:PROBE], None)
 
 
-def _item_ends(items: list[Any], start: int, dumps: Callable[[Any], bytes]) -> list[int]:
+def _item_ends(items: list[Any], start: int, dumps: Callable[[Any], bytes]) -> array[int]:
     """Where each of `items` ends, their canonical texts laid out from `start`, one comma
-    between two."""
-    ends, position = [], start
+    between two (machine integers: the next request copies them as bytes, touching no
+    object per item)."""
+    ends, position = array("q"), start
     for item in items:
         position += len(dumps(item))
         ends.append(position)
@@ -208,7 +211,7 @@ def _item_ends(items: list[Any], start: int, dumps: Callable[[Any], bytes]) -> l
     return ends
 
 
-def _matching(raw: bytes, old: bytes, ends: list[int]) -> int:
+def _matching(raw: bytes, old: bytes, ends: array[int]) -> int:
     """How many leading items of `old` (ending at `ends`) `raw` starts with, byte for byte,
     followed by another item or the array's end."""
 

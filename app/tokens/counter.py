@@ -44,7 +44,9 @@ class TokenCounter(Protocol):
 
     def count_message(self, model: str, message: Mapping[str, Any]) -> int: ...
 
-    def count_messages(self, model: str, messages: Sequence[Mapping[str, Any]]) -> list[int]: ...
+    def count_messages(
+        self, model: str, messages: Sequence[Mapping[str, Any]]
+    ) -> Sequence[int]: ...
 
     def count_fixed(self, model: str, body: Mapping[str, Any]) -> int: ...
 
@@ -85,7 +87,7 @@ class ChatTokenCounter(RawCounter):
     # -- raw counts of a conversation (its last request remembered) ----------------------------
     def raw_messages(
         self, encoding: str | None, messages: Sequence[Mapping[str, Any]], model: str = ""
-    ) -> list[int]:
+    ) -> Sequence[int]:
         """`raw_message` of each message. The leading messages byte-identical (as orjson
         writes them) to the last request of the same conversation take its counts: one
         serialisation of the whole list and a few prefix comparisons, not a key per message."""
@@ -97,35 +99,41 @@ class ChatTokenCounter(RawCounter):
         messages: Sequence[Mapping[str, Any]],
         model: str,
         fix: Correction | None,
-    ) -> list[int]:
+    ) -> Sequence[int]:
         """Raw counts (`fix` None) or counts calibrated with `fix`, taking those of the leading
-        messages the conversation's last request had (calibrated too when `fix` is the same)."""
-        listed = list(messages)
+        messages the conversation's last request had (calibrated too when `fix` is the same).
+
+        The remembered counts are machine-integer arrays, taken over by a copy of their bytes:
+        a list or tuple of them would touch each count's object on every request, and on a
+        loaded machine each touch of a long history's objects is a cache miss."""
         # dict subclasses and other mappings are not serialised: counted one by one
         text = messages_text(messages) or b""
         if not text:
-            raw = [self.raw_message(encoding, m, model) for m in listed]
-            return raw if fix is None else [_whole(fix.content * r + fix.per_message) for r in raw]
+            each = [self.raw_message(encoding, m, model) for m in messages]
+            if fix is None:
+                return each
+            return [_whole(fix.content * r + fix.per_message) for r in each]
         scope = f"{encoding or '~'}|{bare_model(model)}"
         calibrated = fix is not None
         with self._lock:
             known, shared = self._prefixes.longest(scope, text)
-        entry = Prefix(scope, text, (), ()) if known is None else known
-        ends, raw = list(entry.ends[:shared]), list(entry.raw[:shared])
-        for message in listed[shared:]:
+        entry = Prefix(scope, text) if known is None else known
+        ends, raw = entry.ends[:shared], entry.raw[:shared]
+        added = messages[shared:]
+        for message in added:
             data = orjson.dumps(message)  # the bytes it has in `text`
             ends.append((ends[-1] if ends else 0) + 1 + len(data))
             raw.append(self._raw(encoding, message, model, data))
         if fix is None:  # raw counts: the calibrated ones known stay, for the next request
-            fix, counted, changed = entry.fix, list(entry.counted[:shared]), False
+            fix, counted, changed = entry.fix, entry.counted[:shared], False
         else:
             reused = min(shared, len(entry.counted)) if fix == entry.fix else 0
-            counted = list(entry.counted[:reused])
-            counted += [_whole(fix.content * r + fix.per_message) for r in raw[reused:]]
-            changed = reused < len(listed)
-        if shared < len(listed) or changed:
+            counted = entry.counted[:reused]
+            counted.extend(_whole(fix.content * r + fix.per_message) for r in raw[reused:])
+            changed = reused < len(raw)
+        if added or changed:
             extended = known if known is not None and shared == len(known.ends) else None
-            new = Prefix(scope, text, tuple(ends), tuple(raw), fix, tuple(counted))
+            new = Prefix(scope, text, ends, raw, fix, counted)
             with self._lock:
                 self._prefixes.replace(extended, new)
         return raw if not calibrated else counted
@@ -145,7 +153,7 @@ class ChatTokenCounter(RawCounter):
         fix = self._correction(model)
         return _whole(fix.content * raw + fix.per_message)
 
-    def count_messages(self, model: str, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+    def count_messages(self, model: str, messages: Sequence[Mapping[str, Any]]) -> Sequence[int]:
         """`count_message` of each message, counting only what the conversation added."""
         return self._counts(self.encoding_name(model), messages, model, self._correction(model))
 
@@ -242,7 +250,7 @@ class Counted:
     __slots__ = ("counts", "ids", "start")
 
     def __init__(self) -> None:
-        self.counts: list[int] | None = None
+        self.counts: Sequence[int] | None = None
         self.ids: dict[int, int] = {}  # id of a message -> its index
         self.start = 0  # messages from here on are indexed
 

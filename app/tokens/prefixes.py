@@ -3,8 +3,9 @@ that the next request of a conversation counts only the messages it adds."""
 
 from __future__ import annotations
 
+from array import array
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from app.jsontext import starts_with
 from app.tokens.calibration import Correction
@@ -13,17 +14,24 @@ PREFIX_SLOTS = 8  # conversations whose last request is remembered (each its byt
 PREFIX_BYTES = 32 * 1024 * 1024  # at most this many bytes of them in all
 
 
+def counts() -> array[int]:
+    """An empty array of counts or offsets (machine integers: copied as bytes)."""
+    return array("q")
+
+
 @dataclass(frozen=True, slots=True)
 class Prefix:
     """A request's messages as one JSON text, where each message ends in it, and their raw
-    counts, for one scope (encoding and model: images cost differ per model)."""
+    counts, for one scope (encoding and model: images cost differ per model). Never changed
+    once made: a request takes copies of its arrays."""
 
     scope: str
     text: bytes
-    ends: tuple[int, ...]  # ends[i]: the offset just after message i's JSON in `text`
-    raw: tuple[int, ...]
+    # ends[i]: the offset just after message i's JSON in `text`
+    ends: array[int] = field(default_factory=counts)
+    raw: array[int] = field(default_factory=counts)
     fix: Correction | None = None  # the correction `counted` holds the raw counts under
-    counted: tuple[int, ...] = ()  # of the leading messages (all, or fewer)
+    counted: array[int] = field(default_factory=counts)  # of the leading messages (or fewer)
 
     def shared(self, scope: str, text: bytes) -> int:
         """How many leading messages `text` (a request's messages as one JSON text) has

@@ -40,6 +40,12 @@ SECTIONS = (
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench")
     parser.add_argument("-n", type=int, default=300, help="requests per target and mode")
+    parser.add_argument(
+        "--passes",
+        type=int,
+        default=5,
+        help="the hot path's passes per build (its ratios are the median pass's)",
+    )
     parser.add_argument("--no-litellm", action="store_true", help="skip the LiteLLM comparison")
     parser.add_argument("--only", choices=SECTIONS, action="append", help="run only these")
     parser.add_argument(
@@ -64,7 +70,10 @@ def main() -> None:
             targets["inflight before"] = stack.enter_context(before)
             targets["inflight"] = stack.enter_context(proxy(upstream, env))
             print("## The hot path: inflight against a bare relay as conversations grow\n")
-            print(hot_path.added_latency(targets, n=args.n, earlier=args.before) + "\n")
+            print(
+                hot_path.added_latency(targets, n=args.n, earlier=args.before, rounds=args.passes)
+                + "\n"
+            )
             print(hot_path.http_clients(upstream) + "\n")
         print(hot_path.own_work(args.before) + "\n")
         print(hot_path.plan_work() + "\n")

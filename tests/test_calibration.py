@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 import threading
@@ -304,3 +305,13 @@ def test_answers_that_scatter_as_the_fit_does_skip_the_refit(
     assert lazy.correction("m").predict(probe) == pytest.approx(
         every.correction("m").predict(probe), rel=calibration.DEADBAND
     )
+
+
+def test_bounds_list_their_intervals_in_the_order_of_the_parameters() -> None:
+    """`Bounds.limits` spells its fields out (it is asked on every answer): the same intervals,
+    in the order of the dataclass fields and of `Correction.params`."""
+    for bounds in (HEURISTIC_BOUNDS, EXACT_BOUNDS):
+        assert bounds.limits() == tuple(getattr(bounds, f.name) for f in dataclasses.fields(bounds))
+    assert [f.name for f in dataclasses.fields(Bounds)] == [
+        f.name for f in dataclasses.fields(Correction)
+    ]

@@ -29,7 +29,7 @@ import math
 import threading
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 
 WINDOW = 32  # observations kept per model
 DECAY = 0.9  # weight of an observation one step older: a new conversation takes over soon
@@ -138,7 +138,14 @@ class Bounds:
     with_tools: Interval
 
     def limits(self) -> tuple[Interval, ...]:
-        return tuple(getattr(self, f.name) for f in fields(self))
+        """The intervals in the order of `Correction.params` (spelled out: every answer asks)."""
+        return (
+            self.content,
+            self.per_message,
+            self.per_request,
+            self.without_system,
+            self.with_tools,
+        )
 
 
 # Heuristic-counted models: the content factor within 0.5–2; templates add a few tokens per
@@ -310,10 +317,8 @@ def plausible(obs: Observation, bounds: Bounds) -> bool:
     of two of what some correction within `bounds` predicts. A count far
     outside says something else (a server reporting only what it did not have cached, a
     placeholder): fitted, it would drag every parameter to a bound."""
-    ends = [
-        sum(limit[side] * f for limit, f in zip(bounds.limits(), obs.features(), strict=True))
-        for side in (0, 1)
-    ]
+    pairs = list(zip(bounds.limits(), obs.features(), strict=True))
+    ends = [sum(limit[side] * f for limit, f in pairs) for side in (0, 1)]
     return obs.actual >= MIN_ACTUAL and ends[0] / 2 <= obs.actual <= 2 * ends[1]
 
 

@@ -67,9 +67,7 @@ class UnitCosts:
         found = self.memo.get(key)
         if found is not None:
             return found
-        unit = self.units[i]
-        chunk = list(self.messages[unit.start : unit.end])
-        protect = self.protect if i < len(self.units) - 1 else frozenset()
+        unit, chunk, protect = self._unit(i)
         out = transform(chunk, unit, self.cap, truncated, pruned, protect)
         if truncated and all(a is b for a, b in zip(out, chunk, strict=True)):
             cost = self.render(i, 0, pruned)  # nothing to cut: as is
@@ -81,6 +79,12 @@ class UnitCosts:
                 )
         self.memo[key] = cost
         return cost
+
+    def _unit(self, i: int) -> tuple[Unit, list[Mapping[str, Any]], frozenset[str]]:
+        """Unit i, its messages, and the tools whose outputs it keeps (none in the last unit)."""
+        unit = self.units[i]
+        protect = self.protect if i < len(self.units) - 1 else frozenset()
+        return unit, list(self.messages[unit.start : unit.end]), protect
 
     def detached(self) -> UnitCosts:
         """A copy of the costs known so far, holding no message (what a remembered replay
@@ -122,9 +126,7 @@ class UnitCosts:
         gain = self.render(i, than, False) - self.render(i, level, False)
         if gain <= 0:
             return False
-        unit = self.units[i]
-        chunk = list(self.messages[unit.start : unit.end])
-        protect = self.protect if i < len(self.units) - 1 else frozenset()
+        unit, chunk, protect = self._unit(i)
         here = (transform(chunk, unit, self.cap, k, False, protect) for k in (level, than))
         slack = REF_SLACK * sum(markers(out, chunk) for out in here)
         if gain > 2 * slack:

@@ -21,6 +21,7 @@ from app.compaction.offload import (
     is_large,
 )
 from app.factory import create_app
+from app.jsontext import HistoryTexts
 from tests.conftest import make_settings
 from tests.fake_upstream import FakeUpstream
 
@@ -39,13 +40,18 @@ def huge_chat(messages: int = 16_000, words: int = 400) -> list[dict[str, Any]]:
 
 def test_what_counts_as_large() -> None:
     small = [{"role": "user", "content": "hi"}] * OFFLOAD_MESSAGES
-    assert not is_large(small)
-    assert is_large([*small, {"role": "assistant", "content": "hello"}])
-    assert is_large([{"role": "tool", "tool_call_id": "c", "content": "x" * (OFFLOAD_CHARS + 1)}])
+    assert not is_large(small, HistoryTexts())
+    assert is_large([*small, {"role": "assistant", "content": "hello"}], HistoryTexts())
+    assert is_large(
+        [{"role": "tool", "tool_call_id": "c", "content": "x" * (OFFLOAD_CHARS + 1)}],
+        HistoryTexts(),
+    )
     parts = [{"type": "text", "text": "x" * (OFFLOAD_CHARS // 2 + 1)}] * 2
-    assert is_large([{"role": "user", "content": parts}])
+    assert is_large([{"role": "user", "content": parts}], HistoryTexts())
     fn = {"name": "write_file", "arguments": "x" * (OFFLOAD_CHARS + 1)}
-    assert is_large([{"role": "assistant", "content": None, "tool_calls": [{"function": fn}]}])
+    assert is_large(
+        [{"role": "assistant", "content": None, "tool_calls": [{"function": fn}]}], HistoryTexts()
+    )
 
 
 async def test_healthz_answers_during_a_32_mib_compaction(
@@ -109,11 +115,13 @@ async def test_a_large_history_a_replay_covers_is_planned_inline(
         async with httpx.AsyncClient(transport=transport, base_url="http://p") as client:
             for size in (400, 1500):
                 history = chat[:size]
-                assert is_large(history)
-                assert is_heavy(history, compactor._replays)  # cold: nothing remembered
+                assert is_large(history, compactor.texts)
+                # cold: nothing remembered
+                assert is_heavy(history, compactor._replays, compactor.texts)
                 body = orjson.dumps({"model": "gpt-4o", "messages": history})
                 assert (await client.post("/v1/chat/completions", content=body)).status_code == 200
                 grown = chat[: size + 2]
-                assert is_heavy(grown, compactor._replays) == (size + 2 > INLINE_COVERED_MESSAGES)
+                heavy = is_heavy(grown, compactor._replays, compactor.texts)
+                assert heavy == (size + 2 > INLINE_COVERED_MESSAGES)
                 edited = [{**history[0], "content": "Be verbose."}, *history[1:]]
-                assert is_heavy(edited, compactor._replays)
+                assert is_heavy(edited, compactor._replays, compactor.texts)

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import app.jsontext as jsontext
-from app.jsontext import messages_text
+from app.jsontext import HistoryTexts
 
 
 def test_the_text_of_a_list_is_made_once(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -24,6 +24,7 @@ def test_the_text_of_a_list_is_made_once(monkeypatch: pytest.MonkeyPatch) -> Non
         return real(value, **kwargs)
 
     monkeypatch.setattr(jsontext.orjson, "dumps", dumps)
+    messages_text = HistoryTexts().messages_text
     messages = [{"role": "user", "content": "hi"}]
     assert messages_text(messages) == real(messages)
     assert messages_text(messages) == real(messages)
@@ -41,8 +42,9 @@ def test_mappings_that_are_not_plain_objects_have_no_text() -> None:
     class Message(UserDict[str, Any]):
         pass
 
-    assert messages_text([Message(role="user", content="hi")]) is None
-    assert messages_text([{"role": "user", "content": "hi"}]) is not None
+    texts = HistoryTexts()
+    assert texts.messages_text([Message(role="user", content="hi")]) is None
+    assert texts.messages_text([{"role": "user", "content": "hi"}]) is not None
 
 
 # -- what the body parser proves: a history starts with an earlier one's bytes ----------------
@@ -70,6 +72,7 @@ def test_starts_with_agrees_with_the_bytes(
 
     app = create_app(make_settings(tmp_path_factory.mktemp("s")))
     chat = app.state.inflight.chat
+    shared = chat._compactor.texts  # the parser's, the counter's and the replay cache's
     messages: list[dict[str, Any]] = [{"role": "system", "content": "s " * 300}]
     model, texts, claimed = "gpt-4o", [], 0
     for kind, n in edits:
@@ -90,15 +93,15 @@ def test_starts_with_agrees_with_the_bytes(
         elif kind == "drop" and len(messages) > 1:
             messages = messages[: max(1, len(messages) - 1 - n % 3)]
         body = chat._parse(orjson.dumps({"model": model, "messages": messages}))
-        text = messages_text(body["messages"])
+        text = shared.messages_text(body["messages"])
         assert text == orjson.dumps(messages)
         for earlier in texts:
             bounds = {len(earlier), len(earlier) - 1, *range(1, len(earlier), 997)}
             for length in bounds:
-                assert jsontext.starts_with(text, earlier, length) == text.startswith(
+                assert shared.starts_with(text, earlier, length) == text.startswith(
                     earlier[:length]
                 ), (kind, length)
-                known = jsontext._extends[0] if jsontext._extends else None
+                known = shared._proof
                 if known is not None and known[0] is text and id(earlier) in known[1]:
                     claimed += 1
         texts = [*texts[-10:], text]

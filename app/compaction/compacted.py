@@ -113,7 +113,9 @@ async def ledgered(
     the request, worked out in a worker thread for a large one."""
     if not preview.result.applied:
         return compacted
-    cuts = await offload(preview.conversation.messages, partial(_cuts, preview, counter, full))
+    cuts = await offload(
+        preview.conversation.messages, partial(_cuts, preview, counter, full), counter.texts
+    )
     if not cuts:
         return compacted
     ledger_id = secrets.token_urlsafe(16)

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 from app.compaction.engine import CompactionResult
 from app.compaction.rendering import Plan
 from app.compaction.replays import ReplayCache
-from app.jsontext import messages_text
+from app.jsontext import HistoryTexts
 
 # Planning bigger than this runs in a worker thread, so it never holds up the event loop.
 OFFLOAD_MESSAGES = 256
@@ -36,36 +36,40 @@ def _chars(message: Mapping[str, Any]) -> int:
     return size
 
 
-def is_large(messages: Sequence[Mapping[str, Any]]) -> bool:
+def is_large(messages: Sequence[Mapping[str, Any]], texts: HistoryTexts) -> bool:
     """Whether counting and planning these messages may take long enough to hold up other
     requests: many messages, or much text."""
     if len(messages) > OFFLOAD_MESSAGES:
         return True
-    text = messages_text(messages)  # never shorter than the text in it: settles most requests
+    text = texts.messages_text(messages)  # never shorter than the text in it: settles most
     if text is not None and len(text) <= OFFLOAD_CHARS:
         return False
     return sum(_chars(m) for m in messages if isinstance(m, Mapping)) > OFFLOAD_CHARS
 
 
-def is_heavy(messages: Sequence[Mapping[str, Any]], replays: ReplayCache[Any] | None) -> bool:
+def is_heavy(
+    messages: Sequence[Mapping[str, Any]], replays: ReplayCache[Any] | None, texts: HistoryTexts
+) -> bool:
     """Whether a request's counting, planning and rendering may hold up the event loop: a
     large history (`is_large`), unless a replay remembered in `replays` covers all of it but a
     little (a conversation's next request counts, replays and renders only what it adds) and it
     is not huge (an event prices every unit since the last one). A hop to a worker thread
     costs more than such a request's work."""
-    if not is_large(messages):
+    if not is_large(messages, texts):
         return False
-    text = messages_text(messages)
+    text = texts.messages_text(messages)
     if replays is None or text is None or len(messages) > INLINE_COVERED_MESSAGES:
         return True
     return not replays.covers(text, OFFLOAD_CHARS // 4)
 
 
-async def offload(messages: Sequence[Mapping[str, Any]], work: Callable[[], T]) -> T:
+async def offload(
+    messages: Sequence[Mapping[str, Any]], work: Callable[[], T], texts: HistoryTexts
+) -> T:
     """Run counting and planning for `messages`: in a worker thread when they are large (the
     pure core and the counter are thread-safe), so that no request's CPU time stalls the event
     loop — other requests and `/healthz` go on being served meanwhile."""
-    return await run_off(is_large(messages), work)
+    return await run_off(is_large(messages, texts), work)
 
 
 async def run_off(large: bool, work: Callable[[], T]) -> T:

@@ -26,19 +26,13 @@ from typing import Any, Generic, TypeVar
 
 import orjson
 
-from app.jsontext import messages_text, starts_with
+from app.jsontext import HistoryTexts
 
 ENTRIES = 64  # conversations (and plan inputs) whose last replay is remembered
 MAX_BYTES = 64 * 1024 * 1024  # their JSON and state, in all
 STATE_BYTES_PER_UNIT = 256  # what an entry's replay state holds per unit, roughly
 
 S = TypeVar("S")
-
-
-def json_text(messages: Sequence[Mapping[str, Any]]) -> bytes | None:
-    """The messages as one JSON text (how entries are matched), or None when they are not
-    plain JSON objects (such a plan is not remembered)."""
-    return messages_text(messages)  # dict subclasses and other mappings are not serialised
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,9 +57,17 @@ class Saved(Generic[S]):
 class ReplayCache(Generic[S]):
     """The last replay of a few conversations, each under its plan inputs."""
 
-    def __init__(self, entries: int = ENTRIES, max_bytes: int = MAX_BYTES) -> None:
+    def __init__(
+        self,
+        entries: int = ENTRIES,
+        max_bytes: int = MAX_BYTES,
+        texts: HistoryTexts | None = None,
+    ) -> None:
+        """`texts`: the app's (the counter's), so that what the body parser proved spares a
+        comparison of the bytes; a cache of its own otherwise."""
         if entries < 1 or max_bytes < 1:
             raise ValueError("a replay cache needs room for at least one entry")
+        self.texts = texts if texts is not None else HistoryTexts()
         self._entries: OrderedDict[int, Saved[S]] = OrderedDict()
         self._limit = entries
         self._max_bytes = max_bytes
@@ -91,7 +93,7 @@ class ReplayCache(Generic[S]):
                 if entry.key != key or (best is not None and entry.length <= best.length):
                     continue
                 end = entry.length  # where `text` goes on with "," and the next message
-                if text[end : end + 1] == b"," and starts_with(text, entry.source, end):
+                if text[end : end + 1] == b"," and self.texts.starts_with(text, entry.source, end):
                     best = entry
             if best is not None:
                 self._entries.move_to_end(id(best))
@@ -105,7 +107,8 @@ class ReplayCache(Generic[S]):
         with self._lock:
             entries = list(reversed(self._entries.values()))
         return any(
-            len(text) - e.length <= slack and starts_with(text, e.source, e.length) for e in entries
+            len(text) - e.length <= slack and self.texts.starts_with(text, e.source, e.length)
+            for e in entries
         )
 
     def store(self, entry: Saved[S], replacing: Saved[S] | None = None) -> None:
@@ -153,7 +156,9 @@ class Recall:
         cls, replays: Replays | None, inputs: Hashable, messages: Sequence[Mapping[str, Any]]
     ) -> Recall | None:
         """What the cache holds for these inputs and messages (None: not cacheable)."""
-        text = json_text(messages) if replays is not None else None
+        # the messages as one JSON text (how entries are matched), or None when they are not
+        # plain JSON objects (such a plan is not remembered)
+        text = replays.cache.texts.messages_text(messages) if replays is not None else None
         if replays is None or text is None:
             return None
         counting = replays.counting()

@@ -43,6 +43,7 @@ from app.compaction.summary.rolling import Summaries, summary_budget
 from app.compaction.summary.stand_in import without_summary
 from app.compaction.unit_costs import MessageCounter
 from app.errors import BadRequest
+from app.jsontext import HistoryTexts
 from app.settings import LedgerMode, Settings
 from app.tokens.counter import TokenCounter
 from app.windows.overflow import OverflowInfo, parse_overflow
@@ -87,7 +88,13 @@ class CompactionService:
         )
         self._default_strategies = parse_strategy(settings.strategy, "INFLIGHT_STRATEGY")
         self._ledger = ledger if ledger is not None else settings.ledger
-        self._replays: ReplayCache[Any] | None = ReplayCache()  # plans resume from a prefix
+        # plans resume from a prefix
+        self._replays: ReplayCache[Any] | None = ReplayCache(texts=counter.texts)
+
+    @property
+    def texts(self) -> HistoryTexts:
+        """The last history serialised, shared with the counter and the body parser."""
+        return self._counter.texts
 
     @property
     def background(self) -> BackgroundSummaries | None:
@@ -175,9 +182,9 @@ class CompactionService:
         compacted (counts of 0 if even counting fails)."""
         messages = job.conversation.messages
         try:
-            fixed = await offload(messages, job.count_fixed)
+            fixed = await offload(messages, job.count_fixed, self.texts)
             counted = partial(compact, messages, (), budget, job.count, fixed)
-            return Outcome(await offload(messages, counted), job.body)
+            return Outcome(await offload(messages, counted, self.texts), job.body)
         except Exception:
             logger.exception("counting failed for %s; reported as 0 tokens", job.model)
             return Outcome(as_received(messages), job.body)
@@ -196,7 +203,8 @@ class CompactionService:
                 compact, job.conversation.messages, trimmed, budget, job.count, fixed,
                 protect=job.protect, restore=job.restore,
             )  # fmt: skip
-            outcome = job.rendered(await offload(job.conversation.messages, compaction))
+            texts = self.texts
+            outcome = job.rendered(await offload(job.conversation.messages, compaction, texts))
         except Exception:
             logger.exception(
                 "trim failed too for %s; forwarding the messages as received", job.model
@@ -211,7 +219,8 @@ class CompactionService:
         state: the summary stands for the cut span when it is cached (or, in wait mode, made
         for this request), else nothing does (DESIGN.md §12)."""
         messages = job.conversation.messages
-        off = partial(run_off, is_heavy(messages, self._replays))  # where its work runs, once
+        heavy = is_heavy(messages, self._replays, self.texts)
+        off = partial(run_off, heavy)  # where its work runs, once
         replays = self._remembered(job.model)
         compacting = partial(
             compact, messages, pipeline, budget, job.count,

@@ -24,7 +24,6 @@ from starlette.responses import Response
 from app.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
 from app.http.body import read_body
 from app.http.reuse import ParsedBodies, Reused
-from app.jsontext import known_text, text_of
 from app.proxy.api import Api, Exchange
 from app.proxy.headers import filter_request_headers, filter_response_headers
 from app.proxy.relay import RelayResponse, RelayResult, buffered_response
@@ -120,7 +119,8 @@ class ApiService:
             check(reused)
             body = reused.body
             if self.api.history_is_view:  # the history's text: in `raw` already
-                known_text(body[bodies.key], reused.history_text(raw), self._extends(reused))
+                texts = self._compactor.texts
+                texts.known(body[bodies.key], reused.history_text(raw), self._extends(reused))
         bodies.remember(raw, body, reused)
         return body
 
@@ -129,7 +129,7 @@ class ApiService:
         bytes: the bodies' bytes were compared up to the end of the last item reused, and
         both histories start where the bodies' shared bytes put them."""
         assert self._bodies is not None
-        earlier = text_of(reused.entry.body[self._bodies.key])
+        earlier = self._compactor.texts.text_of(reused.entry.body[self._bodies.key])
         if earlier is None or not reused.reused:
             return None
         return earlier, reused.ends[reused.reused - 1] - (reused.opened - 1)

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from app.jsontext import messages_text
+from app.jsontext import HistoryTexts
 from app.tokens.calibration import (
     EXACT_BOUNDS,
     HEURISTIC_BOUNDS,
@@ -41,6 +41,8 @@ from app.tokens.raw_counts import ModelEncodings, RawCounter
 
 class TokenCounter(Protocol):
     """What the rest of the app needs from token counting."""
+
+    texts: HistoryTexts  # the last history serialised (shared with who else reads it)
 
     def count_message(self, model: str, message: Mapping[str, Any]) -> int: ...
 
@@ -70,7 +72,8 @@ class TokenCounter(Protocol):
 class ChatTokenCounter(RawCounter):
     """The counter used by the proxy: exact where tiktoken knows the family, else heuristic.
 
-    Thread-safe; all state (the per-message LRU, per-model encodings, calibration) is this
+    Thread-safe; all state (the per-message LRU, per-model encodings, calibration, the last
+    history serialised: `texts`, which the app's other readers of histories share) is this
     instance's.
     """
 
@@ -83,6 +86,7 @@ class ChatTokenCounter(RawCounter):
         super().__init__(encodings, model_table, cache_size)
         self._calibration = Calibration()
         self._prefixes = Prefixes()
+        self.texts = HistoryTexts()
 
     # -- raw counts of a conversation (its last request remembered) ----------------------------
     def raw_messages(
@@ -107,7 +111,7 @@ class ChatTokenCounter(RawCounter):
         a list or tuple of them would touch each count's object on every request, and on a
         loaded machine each touch of a long history's objects is a cache miss."""
         # dict subclasses and other mappings are not serialised: counted one by one
-        text = messages_text(messages) or b""
+        text = self.texts.messages_text(messages) or b""
         if not text:
             each = [self.raw_message(encoding, m, model) for m in messages]
             if fix is None:
@@ -116,7 +120,7 @@ class ChatTokenCounter(RawCounter):
         scope = f"{encoding or '~'}|{bare_model(model)}"
         calibrated = fix is not None
         with self._lock:
-            known, shared = self._prefixes.longest(scope, text)
+            known, shared = self._prefixes.longest(scope, text, self.texts)
         entry = Prefix(scope, text) if known is None else known
         ends, raw = entry.ends[:shared], entry.raw[:shared]
         added = messages[shared:]

@@ -7,7 +7,7 @@ from array import array
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from app.jsontext import starts_with
+from app.jsontext import HistoryTexts
 from app.tokens.calibration import Correction
 
 PREFIX_SLOTS = 8  # conversations whose last request is remembered (each its bytes and counts)
@@ -33,18 +33,22 @@ class Prefix:
     fix: Correction | None = None  # the correction `counted` holds the raw counts under
     counted: array[int] = field(default_factory=counts)  # of the leading messages (or fewer)
 
-    def shared(self, scope: str, text: bytes) -> int:
+    def shared(self, scope: str, text: bytes, texts: HistoryTexts) -> int:
         """How many leading messages `text` (a request's messages as one JSON text) has
         byte-identical to this one's. Messages are objects, so an object that starts where
         one of these starts and agrees with it up to its closing brace is that message."""
-        if scope != self.scope or not self.ends or not starts_with(text, self.text, self.ends[0]):
+        if (
+            scope != self.scope
+            or not self.ends
+            or not texts.starts_with(text, self.text, self.ends[0])
+        ):
             return 0
-        if starts_with(text, self.text, self.ends[-1]):
+        if texts.starts_with(text, self.text, self.ends[-1]):
             return len(self.ends)  # the common case: the conversation went on
         low, high = 1, len(self.ends) - 1  # ends[low - 1] is shared; ends[high] is not
         while low <= high:
             mid = (low + high) // 2
-            if starts_with(text, self.text, self.ends[mid]):
+            if texts.starts_with(text, self.text, self.ends[mid]):
                 low = mid + 1
             else:
                 high = mid - 1
@@ -60,10 +64,10 @@ class Prefixes:
     def __init__(self) -> None:
         self._entries: OrderedDict[int, Prefix] = OrderedDict()
 
-    def longest(self, scope: str, text: bytes) -> tuple[Prefix | None, int]:
+    def longest(self, scope: str, text: bytes, texts: HistoryTexts) -> tuple[Prefix | None, int]:
         best: tuple[Prefix | None, int] = (None, 0)
         for entry in self._entries.values():
-            shared = entry.shared(scope, text)
+            shared = entry.shared(scope, text, texts)
             if shared > best[1]:
                 best = (entry, shared)
         return best

@@ -191,7 +191,7 @@ class RequestSummaries:
         predict = partial(
             next_events, asked.messages, the_plan, replan, budget.trigger, asked.count, cuts
         )
-        plans = await offload(asked.messages, predict)
+        plans = await offload(asked.messages, predict, self._counter.texts)
         if not plans:
             return
         jobs = [await self.job(asked, nxt, reserved) for nxt in plans]

@@ -5,7 +5,7 @@ body in full sends, and no remembered body is changed by anything the request we
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -79,35 +79,43 @@ def sent(fake: Any, route: str) -> list[bytes]:
     return [r.body for r in fake.requests if r.path == path]
 
 
+def proxy_app(tmp_path: Path, fake: Any) -> FastAPI:
+    """The proxy in front of `fake`, a 16k window assumed."""
+    settings = make_settings(tmp_path, anthropic_upstream_url=ANTHROPIC, context_limit=16_384)
+    return create_app(settings, transport=httpx.ASGITransport(app=fake.app))
+
+
+async def session(app: FastAPI, route: str) -> AsyncIterator[httpx.Response]:
+    """A session's answers from `app` on `route`, restore on, every third request streamed."""
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://p") as client:
+            for i, body in enumerate(bodies(route)):
+                headers = {**HEADERS, "x-compaction-restore": "true"}
+                stream = i % 3 == 2
+                yield await client.post(
+                    route, content=orjson.dumps({**body, "stream": stream}), headers=headers
+                )
+
+
 @pytest.mark.parametrize("route", sorted(FAKES))
 async def test_a_session_sends_what_full_parses_send(tmp_path: Path, route: str) -> None:
     outcomes = []
     for reusing in (True, False):
         fake = FAKES[route]()
         (tmp_path / str(reusing)).mkdir()
-        settings = make_settings(
-            tmp_path / str(reusing), anthropic_upstream_url=ANTHROPIC, context_limit=16_384
-        )
-        app = create_app(settings, transport=httpx.ASGITransport(app=fake.app))
+        app = proxy_app(tmp_path / str(reusing), fake)
         api = service(app, route)
         if not reusing:
             api._bodies = None  # every body parsed in full
         statuses, reports = [], []
-        async with app.router.lifespan_context(app):
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://p") as client:
-                for i, body in enumerate(bodies(route)):
-                    headers = {**HEADERS, "x-compaction-restore": "true"}
-                    stream = i % 3 == 2
-                    response = await client.post(
-                        route, content=orjson.dumps({**body, "stream": stream}), headers=headers
-                    )
-                    statuses.append(response.status_code)
-                    reports.append(response.headers.get("x-compaction-applied"))
-                    if reusing:
-                        remembered = api._bodies
-                        assert remembered is not None
-                        assert remembered.intact()
+        async for response in session(app, route):
+            statuses.append(response.status_code)
+            reports.append(response.headers.get("x-compaction-applied"))
+            if reusing:
+                remembered = api._bodies
+                assert remembered is not None
+                assert remembered.intact()
             if reusing:
                 assert remembered.reused >= len(statuses) - 3  # all but the first few
         outcomes.append((statuses, reports, sent(fake, route)))

@@ -137,6 +137,32 @@ def _unchanged(
     )
 
 
+def untouched(
+    messages: Sequence[Mapping[str, Any]], tokens: int, budget: Budget | None = None
+) -> CompactionResult:
+    """The result that forwards `messages` as they are, at `tokens`, with no plan built (its
+    `plan` groups no unit): a request under the trigger as a whole, whose plan would find
+    nothing to do (the quiet path, app/compaction/service.py), or one that could not be
+    counted (0 tokens, no `budget`)."""
+    nothing = Plan(
+        units=(),
+        head=0,
+        cut=0,
+        dropped=frozenset(),
+        truncated=frozenset(),
+        pruned_before=0,
+        cap=0,
+        events=(),
+        summarize=False,
+        tokens_before=tokens,
+        tokens_after=tokens,
+        strict=False,
+    )
+    over = budget is not None and tokens > budget.budget
+    n = len(messages)
+    return CompactionResult(messages, (), tokens, tokens, n, n, over, nothing, range(n))
+
+
 def _stand_in(
     the_plan: Plan, messages: Sequence[Mapping[str, Any]], summary: str | None, restore: bool
 ) -> tuple[str, str] | None:

@@ -4,7 +4,7 @@ its messages are counted, and what its pipeline came to (`Outcome`)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,7 +13,7 @@ from app.compaction.formats import Conversation, WireFormat
 from app.compaction.summary.prompt import SummaryUsage
 from app.compaction.summary.request import Asked, StandIn
 from app.errors import ProxyError
-from app.tokens.counter import Counted, TokenCounter, count_within
+from app.tokens.counter import Counted, TokenCounter, count_within, counts_within
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +41,11 @@ class Job:
     def count(self, message: Mapping[str, Any]) -> int:
         messages = self.conversation.messages
         return count_within(self.counter, self.model, messages, self.counted, message)
+
+    def counts(self) -> Sequence[int]:
+        """Each message's tokens, counted once: the counts `count` reads."""
+        messages = self.conversation.messages
+        return counts_within(self.counter, self.model, messages, self.counted)
 
     def asked(self) -> Asked:
         """What this request's summary is asked with."""

@@ -7,8 +7,7 @@ import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from app.compaction.engine import CompactionResult
-from app.compaction.rendering import Plan
+from app.compaction.engine import CompactionResult, untouched
 from app.compaction.replays import ReplayCache
 from app.jsontext import HistoryTexts
 
@@ -82,28 +81,4 @@ async def run_off(large: bool, work: Callable[[], T]) -> T:
 def as_received(messages: Sequence[Mapping[str, Any]]) -> CompactionResult:
     """The result that forwards `messages` untouched, for when compaction cannot run at all
     (token counts unknown: reported as 0)."""
-    nothing = Plan(
-        units=(),
-        head=0,
-        cut=0,
-        dropped=frozenset(),
-        truncated=frozenset(),
-        pruned_before=0,
-        cap=0,
-        events=(),
-        summarize=False,
-        tokens_before=0,
-        tokens_after=0,
-        strict=False,
-    )
-    return CompactionResult(
-        list(messages),
-        (),
-        0,
-        0,
-        len(messages),
-        len(messages),
-        False,
-        nothing,
-        tuple(range(len(messages))),
-    )
+    return untouched(messages, 0)

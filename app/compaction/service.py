@@ -11,12 +11,12 @@ service applies; it never touches the exchange itself. No web or HTTP client imp
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
 from app.compaction.compacted import Compacted, compacted_of, ledgered, overflow_bound
-from app.compaction.engine import compact, marker_tokens
+from app.compaction.engine import compact, marker_tokens, untouched
 from app.compaction.formats import WireFormat
 from app.compaction.formats.chat import ChatFormat
 from app.compaction.job import Job, Outcome, view_of
@@ -54,6 +54,19 @@ from app.windows.table import anthropic_betas, output_reserve
 CHAT = ChatFormat()  # the default adapter (stateless)
 
 logger = logging.getLogger(__name__)
+
+
+def _replayed(replays: Replays, counting: Hashable, planning: Callable[[], object]) -> None:
+    """Make a plan for what the replay cache remembers of it (`planning`: the plan a request
+    forwarded without one would have made), once its answer is on its way; nothing when
+    the counter's state moved since the request was counted (its counts are the request's).
+    A failure only leaves the cache as it was: the next request plans from further back."""
+    if replays.counting() != counting:
+        return
+    try:
+        planning()
+    except Exception:
+        logger.exception("planning a quiet request for the replay cache failed")
 
 
 class CompactionService:
@@ -217,7 +230,11 @@ class CompactionService:
     ) -> Outcome:
         """Run the pipeline. With `summarize`, the cut is the plan's whatever the summary's
         state: the summary stands for the cut span when it is cached (or, in wait mode, made
-        for this request), else nothing does (DESIGN.md §12)."""
+        for this request), else nothing does (DESIGN.md §12).
+
+        A forwarded request under the trigger as a whole goes as received without a plan
+        (`_quiet`); the plan it would have made is made once its answer is on its way, for
+        the replay cache that its conversation's next requests resume."""
         messages = job.conversation.messages
         heavy = is_heavy(messages, self._replays, self.texts)
         off = partial(run_off, heavy)  # where its work runs, once
@@ -226,16 +243,12 @@ class CompactionService:
             compact, messages, pipeline, budget, job.count,
             protect=job.protect, restore=job.restore, replays=replays,
         )  # fmt: skip
-        summarizing = self._summarizing
-        if "summarize" not in pipeline or summarizing is None:
-
-            def whole() -> Outcome:  # counting, planning and rendering: one hop
-                return job.rendered(compacting(job.count_fixed()))
-
-            return await off(whole)
+        summarizing = self._summarizing if "summarize" in pipeline else None
         reserved = summary_budget(budget.goal)
         # restoring, the summary ends with the span marker: its tokens are reserved too
-        planned_size = reserved + (marker_tokens(job.count) if job.restore else 0)
+        planned_size = 0
+        if summarizing is not None:
+            planned_size = reserved + (marker_tokens(job.count) if job.restore else 0)
 
         def plan_of(
             history: Sequence[Mapping[str, Any]],
@@ -247,6 +260,25 @@ class CompactionService:
                 history, pipeline, budget, count, fixed, planned_size,
                 protect=job.protect, marked=job.restore, replays=memory,
             )  # fmt: skip
+
+        if job.forwarded and not heavy:
+            quiet = self._quiet(job, budget, summarizing)
+            if quiet is not None:
+                outcome, fixed = quiet
+                if replays is not None:  # the replay this request's plan remembers, later
+                    planning = (
+                        partial(plan_of, messages, job.count, fixed, replays)
+                        if summarizing is not None
+                        else partial(compacting, fixed)
+                    )
+                    job.after.append(partial(_replayed, replays, replays.counting(), planning))
+                return outcome
+        if summarizing is None:
+
+            def whole() -> Outcome:  # counting, planning and rendering: one hop
+                return job.rendered(compacting(job.count_fixed()))
+
+            return await off(whole)
 
         def planned() -> tuple[int, Plan]:
             fixed = job.count_fixed()
@@ -273,6 +305,25 @@ class CompactionService:
             return job.rendered(result, summary.usage, stand)
 
         return await off(stood_in)
+
+    @staticmethod
+    def _quiet(
+        job: Job, budget: Budget, summarizing: RequestSummaries | None
+    ) -> tuple[Outcome, int] | None:
+        """A request under the trigger as a whole, as received, and the tokens of its fixed
+        part: its replay would cross the trigger nowhere (every unit costs >= 0, so no prefix
+        costs more than the whole), so its plan is to keep everything, and it needs no plan
+        (`planner._quiet`). None when it is over the trigger, or when summaries would start
+        ahead of its next event (`RequestSummaries.keeps_still`)."""
+        fixed = job.count_fixed()
+        tokens = fixed + sum(job.counts())
+        if tokens > budget.trigger:
+            return None
+        if summarizing is not None and not summarizing.keeps_still(
+            job.conversation.messages, job.summary_model, tokens, budget, job.wait
+        ):
+            return None
+        return Outcome(untouched(job.conversation.messages, tokens, budget), job.body), fixed
 
     def _remembered(self, model: str) -> Replays | None:
         """The replay cache as `model`'s plans use it (keyed by its counter's state too)."""

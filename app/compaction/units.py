@@ -77,6 +77,19 @@ def pinned_head(messages: Sequence[Mapping[str, Any]], units: Sequence[Unit]) ->
     return head
 
 
+def head_end(messages: Sequence[Mapping[str, Any]]) -> int:
+    """Where the pinned head ends (`pinned_head`, in messages), found without grouping the
+    rest: just after the first user message (a user message is a unit of its own), or when
+    there is none, after the leading system and developer messages."""
+    for i, message in enumerate(messages):
+        if message.get("role") == "user":
+            return i + 1
+    head = 0
+    while head < len(messages) and _role(messages[head]) in HEAD_ROLES:
+        head += 1
+    return head
+
+
 def _role(message: Mapping[str, Any]) -> str | None:
     role = message.get("role")
     return role if isinstance(role, str) else None

@@ -284,8 +284,17 @@ def count_within(
     added since its last request) into `memo`, whose messages are found by identity: whoever
     holds `memo` holds `messages` too, so while it lives no other object can have one of
     their ids. A copy is counted on its own."""
+    counts = counts_within(counter, model, messages, memo)
+    found = memo.index_of(messages, message)
+    return counter.count_message(model, message) if found is None else counts[found]
+
+
+def counts_within(
+    counter: TokenCounter, model: str, messages: Sequence[Mapping[str, Any]], memo: Counted
+) -> Sequence[int]:
+    """`count_message` of each of a request's `messages`, counted into `memo` on first use
+    (`count_messages`: only what the conversation added since its last request)."""
     if memo.counts is None:
         memo.counts = counter.count_messages(model, messages)
         memo.start = len(messages)
-    found = memo.index_of(messages, message)
-    return counter.count_message(model, message) if found is None else memo.counts[found]
+    return memo.counts

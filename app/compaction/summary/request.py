@@ -26,6 +26,7 @@ from app.compaction.summary.partial import OWN, Chosen, covered
 from app.compaction.summary.prompt import Completer, SummaryFailed
 from app.compaction.summary.rolling import Summaries, SummaryJob, boundary_keys
 from app.compaction.unit_costs import MessageCounter
+from app.compaction.units import head_end
 from app.lru import BoundedLRU
 from app.settings import Settings
 from app.tokens.counter import TokenCounter
@@ -135,9 +136,9 @@ class RequestSummaries:
         that many are in the making per conversation; a prediction that moves on starts only
         the spans not in the making already (a rolling update from the nearest one made)."""
         background = self.background
-        if background is None or asked.wait or not asked.forwarded:
+        if background is None or not asked.forwarded:
             return
-        if the_plan.tokens_after < self._settings.summary_ahead * budget.budget:
+        if not self.looks_ahead(the_plan.tokens_after, budget, asked.wait):
             return
         if self._predicted_lately(asked, the_plan, budget):
             return
@@ -145,26 +146,69 @@ class RequestSummaries:
         start = partial(background.predict, predict)
         (asked.later if self._predicts_at_once(asked) else asked.after).append(start)
 
+    def looks_ahead(self, tokens: int, budget: Budget, wait: bool) -> bool:
+        """Whether a forwarded request of `tokens` (after compaction) starts summaries ahead
+        of its next event: it is near the threshold (`SUMMARY_AHEAD`), and summaries are made
+        in the background (not in wait mode, `wait`)."""
+        if self.background is None or wait:
+            return False
+        return tokens >= self._settings.summary_ahead * budget.budget
+
+    def keeps_still(
+        self, messages: Sequence[Mapping[str, Any]], summary_model: str, tokens: int,
+        budget: Budget, wait: bool,
+    ) -> bool:  # fmt: skip
+        """Whether `ahead` starts nothing for a forwarded request of `messages` whose plan
+        keeps them all, at `tokens`: it is not near the threshold (`looks_ahead`), or its
+        conversation's next event was predicted lately (`_predicted_lately`). Read only."""
+        if not self.looks_ahead(tokens, budget, wait):
+            return True
+        head = head_end(messages)  # a plan that keeps everything cuts nothing past its head
+        key = self._prediction_key(summary_model, messages, head, head, ())
+        return key is not None and self._lately(key, tokens, budget)
+
     def _predicted_lately(self, asked: Asked, the_plan: Plan, budget: Budget) -> bool:
         """Whether this conversation's next event was predicted at a request less than
         `PREDICT_STEP` of the way from the goal to the trigger before this one, with the same
         cuts so far: a prediction grows the conversation by turns like its last one, so one
         message more changes little, and predicting is an event's work. A conversation of big
         turns (a tool round of a few thousand tokens) is predicted at every request; one of
-        many small messages at every few."""
-        head = the_plan.units[the_plan.head - 1].end if the_plan.head else 0
-        try:
-            start = orjson.dumps(list(asked.messages[: max(head, 1)]))
-        except TypeError:
-            return False
-        key = (asked.summary_model, hash(start), the_plan.cut, the_plan.events)
+        many small messages at every few. If not, this request's prediction is remembered."""
+        units = the_plan.units
+        head = units[the_plan.head - 1].end if the_plan.head else 0
+        cut = units[the_plan.cut - 1].end if the_plan.cut else 0
+        key = self._prediction_key(asked.summary_model, asked.messages, head, cut, the_plan.events)
         now = the_plan.tokens_after
-        last = self._predicted.get(key)
-        step = max(1, int(PREDICT_STEP * (budget.trigger - budget.goal)))
-        if last is not None and last <= now < last + step:
+        if key is None:
+            return False
+        if self._lately(key, now, budget):
             return True
         self._predicted.put(key, now)
         return False
+
+    @staticmethod
+    def _prediction_key(
+        summary_model: str,
+        messages: Sequence[Mapping[str, Any]],
+        head: int,
+        cut: int,
+        events: tuple[Any, ...],
+    ) -> tuple[Any, ...] | None:
+        """A conversation's predictions, by its head's messages (it ends at message `head`)
+        and what its plan cut so far (up to message `cut`, at `events`); None when its head
+        is not plain JSON."""
+        try:
+            start = orjson.dumps(list(messages[: max(head, 1)]))
+        except TypeError:
+            return None
+        return (summary_model, hash(start), cut, events)
+
+    def _lately(self, key: tuple[Any, ...], now: int, budget: Budget) -> bool:
+        """Whether the prediction remembered under `key` was made less than `PREDICT_STEP`
+        of the way from the goal to the trigger before `now` tokens."""
+        last = self._predicted.get(key)
+        step = max(1, int(PREDICT_STEP * (budget.trigger - budget.goal)))
+        return last is not None and last <= now < last + step
 
     def _predicts_at_once(self, asked: Asked) -> bool:
         """Whether the next event's prediction starts with the request rather than after its

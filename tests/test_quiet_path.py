@@ -21,7 +21,9 @@ from hypothesis import strategies as st
 import app.compaction.service as service_module
 from app.compaction.compacted import Compacted
 from app.compaction.formats.chat import ChatFormat
+from app.compaction.offload import OFFLOAD_MESSAGES
 from app.compaction.policy import Budget
+from app.compaction.replays import ENTRIES
 from app.compaction.service import CompactionService
 from app.compaction.units import group_units, head_end, pinned_head
 from app.http.state import AppState
@@ -194,6 +196,45 @@ async def test_a_calibration_moved_before_the_answer_leaves_the_cache_as_it_was(
         for start in deferred(second):
             start()
         assert entries(service) == before
+    finally:
+        background = service.background
+        assert background is not None
+        await background.aclose()
+
+
+async def test_a_plan_no_longer_small_by_its_answer_is_left_to_the_next_request(
+    tmp_path: Path,
+) -> None:
+    """A long conversation's quiet request is small work only while the cache holds the replay
+    it resumes. When other conversations pushed that out before its answer, its plan (a replay
+    from the first message) is not made on the event loop after the answer: the cache is
+    left as it was, and the next request plans where planning runs."""
+    made = summaries()
+    service = compaction_service(tmp_path, made)
+    headers = {"x-compaction-context-limit": "1000000"}
+    session = agent_session(160, words=20)
+    assert len(session) > OFFLOAD_MESSAGES
+    try:
+        for end in (300, 302):  # the first is planned (in a worker thread), the next is quiet
+            body = {"model": "gpt-4o", "messages": session[:end]}
+            got = await service.prepare(CHAT, headers, body, "http://u")
+        assert deferred(got)
+        for i in range(ENTRIES):  # other conversations, each remembered once its answer is out
+            other = [{"role": "user", "content": f"question {i}"}, *session[2:9]]
+            for start in deferred(
+                await service.prepare(CHAT, headers, {"model": "gpt-4o", "messages": other}, "u")
+            ):
+                start()
+        assert all(length < 1000 for _, length, _ in entries(service))  # the long one is gone
+        before = entries(service)
+        for start in deferred(got):
+            start()
+        assert entries(service) == before
+        planned = await service.prepare(
+            CHAT, headers, {"model": "gpt-4o", "messages": session[:304]}, "http://u"
+        )
+        assert not deferred(planned)  # planned, not quiet: no longer covered
+        assert entries(service)[-1][1] > 1000  # the long one, remembered by planning again
     finally:
         background = service.background
         assert background is not None

@@ -56,12 +56,20 @@ CHAT = ChatFormat()  # the default adapter (stateless)
 logger = logging.getLogger(__name__)
 
 
-def _replayed(replays: Replays, counting: Hashable, planning: Callable[[], object]) -> None:
+def _replayed(
+    replays: Replays,
+    counting: Hashable,
+    heavy: Callable[[], bool],
+    planning: Callable[[], object],
+) -> None:
     """Make a plan for what the replay cache remembers of it (`planning`: the plan a request
-    forwarded without one would have made), once its answer is on its way; nothing when
-    the counter's state moved since the request was counted (its counts are the request's).
-    A failure only leaves the cache as it was: the next request plans from further back."""
-    if replays.counting() != counting:
+    forwarded without one would have made), once its answer is on its way, on the event
+    loop. Nothing when the counter's state moved since the request was counted (its counts
+    are the request's), or when the plan is no longer a small one (`heavy`: the replay it
+    resumes was dropped from the cache meanwhile) and would hold up the loop: the next
+    request then plans from further back, where planning runs. A failure, likewise, only
+    leaves the cache as it was."""
+    if replays.counting() != counting or heavy():
         return
     try:
         planning()
@@ -271,7 +279,9 @@ class CompactionService:
                         if summarizing is not None
                         else partial(compacting, fixed)
                     )
-                    job.after.append(partial(_replayed, replays, replays.counting(), planning))
+                    heavy_now = partial(is_heavy, messages, self._replays, self.texts)
+                    later = partial(_replayed, replays, replays.counting(), heavy_now, planning)
+                    job.after.append(later)
                 return outcome
         if summarizing is None:
 

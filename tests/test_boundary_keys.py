@@ -16,7 +16,7 @@ import app.compaction.summary.rolling as rolling
 from app.compaction.planner import plan
 from app.compaction.policy import Budget, StrategyName
 from app.compaction.summary.prompt import SummaryPrompt
-from app.compaction.summary.rolling import boundary_keys
+from app.compaction.summary.rolling import KeyChains, boundary_keys
 from tests.conversations import agent_session, conversations, simple_count
 
 PROMPT = SummaryPrompt("{transcript}{previous_summary}", "v1")
@@ -25,12 +25,7 @@ PIPELINE: tuple[StrategyName, ...] = ("truncate", "prune", "summarize")
 
 def fresh(messages: list[dict[str, Any]], the_plan: Any, end: int | None = None) -> Any:
     """The keys hashed from scratch (no chain to resume)."""
-    saved = rolling._chains
-    rolling._chains = rolling.BoundedLRU(rolling.CHAINS)
-    try:
-        return boundary_keys(copy.deepcopy(messages), the_plan, "m", PROMPT, end)
-    finally:
-        rolling._chains = saved
+    return boundary_keys(copy.deepcopy(messages), the_plan, "m", PROMPT, end)
 
 
 @given(conversations(), st.data())
@@ -47,7 +42,7 @@ def test_resumed_keys_are_the_keys_from_scratch(
     messages: list[dict[str, Any]], data: st.DataObject
 ) -> None:
     budget = Budget(window=4096, reserve=512, threshold=0.8, target=0.5)
-    rolling._chains = rolling.BoundedLRU(rolling.CHAINS)
+    chains = KeyChains()
     shared = copy.deepcopy(messages)  # one conversation's objects, as reused parses hand on
     end = 1
     while end < len(shared):
@@ -60,13 +55,14 @@ def test_resumed_keys_are_the_keys_from_scratch(
             shared[i:end] = request[i:end]
         the_plan = plan(request, PIPELINE, budget, simple_count, 0, 200)
         upto = data.draw(st.one_of(st.none(), st.integers(the_plan.head, len(the_plan.units))))
-        assert boundary_keys(request, the_plan, "m", PROMPT, upto) == fresh(request, the_plan, upto)
+        resumed = boundary_keys(request, the_plan, "m", PROMPT, upto, chains)
+        assert resumed == fresh(request, the_plan, upto)
 
 
 def test_a_growing_conversation_hashes_only_what_it_adds(monkeypatch: Any) -> None:
     budget = Budget(window=16_384, reserve=1024, threshold=0.8, target=0.5)
     messages = agent_session(200, words=40)
-    rolling._chains = rolling.BoundedLRU(rolling.CHAINS)
+    chains = KeyChains()
     hashed: list[int] = []
     real = rolling.orjson.dumps
 
@@ -80,7 +76,7 @@ def test_a_growing_conversation_hashes_only_what_it_adds(monkeypatch: Any) -> No
         request = messages[:end]  # the same objects, as a reused parse hands them on
         the_plan = plan(request, PIPELINE, budget, simple_count, 0, 200)
         hashed.clear()
-        keys = boundary_keys(request, the_plan, "m", PROMPT, len(the_plan.units) - 1)
+        keys = boundary_keys(request, the_plan, "m", PROMPT, len(the_plan.units) - 1, chains)
         per_request.append(len(hashed))
         assert len(keys) > 100
     assert per_request[0] > 200

@@ -243,8 +243,9 @@ class RequestSummaries:
         # every span of this conversation past its cut that may be in the making: a prefix of
         # what it has sent
         sent = boundary_keys(
-            asked.messages, the_plan, asked.summary_model, summaries.prompt, len(the_plan.units)
-        )
+            asked.messages, the_plan, asked.summary_model, summaries.prompt,
+            len(the_plan.units), summaries.chains,
+        )  # fmt: skip
         making = sum(1 for end, key in sent if end > the_plan.cut and background.pending(key))
         start: list[tuple[SummaryJob, list[tuple[int, str]]]] = []
         for job, keys in groups:

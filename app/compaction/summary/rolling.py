@@ -55,8 +55,23 @@ class _Chain:
 
 
 CHAINS = 64  # conversations whose boundary keys are kept to resume from
-_chains: BoundedLRU[tuple[Any, ...], _Chain] = BoundedLRU(CHAINS)
-_chains_lock = threading.Lock()
+
+
+class KeyChains:
+    """The boundary keys of the last requests of a few conversations, to resume from (the
+    least recently used go first); thread-safe. Owned by `Summaries`."""
+
+    def __init__(self, size: int = CHAINS) -> None:
+        self._chains: BoundedLRU[tuple[Any, ...], _Chain] = BoundedLRU(size)
+        self._lock = threading.Lock()
+
+    def get(self, whose: tuple[Any, ...]) -> _Chain | None:
+        with self._lock:
+            return self._chains.get(whose)
+
+    def put(self, whose: tuple[Any, ...], chain: _Chain) -> None:
+        with self._lock:
+            self._chains.put(whose, chain)
 
 
 def boundary_keys(
@@ -65,6 +80,7 @@ def boundary_keys(
     model: str,
     prompt: SummaryPrompt,
     end: int | None = None,
+    chains: KeyChains | None = None,
 ) -> list[tuple[int, str]]:
     """(b, cache key of the span of units [head, b)) for every unit boundary b after the head
     up to `end` (the plan's cut by default), oldest first.
@@ -73,14 +89,14 @@ def boundary_keys(
     and changes only when the summarised content does. Every boundary has one, not only the
     cuts of compaction events: a summary made ahead of an event (of the span it was predicted
     to cut) is found by the event that cuts further, and updated from there. The keys of the
-    conversation's last request are resumed where its messages are the same objects: a long
-    conversation hashes only what it adds.
+    conversation's last request (remembered in `chains`; without, every key is hashed) are
+    resumed where its messages are the same objects: a long conversation hashes only what it
+    adds.
     """
     end = plan.cut if end is None else end
     first = plan.units[plan.head].start if plan.head < len(plan.units) else len(messages)
     whose = (model, prompt.version, first, id(messages[first]) if first < len(messages) else 0)
-    with _chains_lock:
-        chain = _chains.get(whose)
+    chain = chains.get(whose) if chains is not None else None
     marks: list[tuple[int, Any, str]] = []
     if chain is not None:
         marks = _resumable(chain, messages, plan, end)
@@ -94,10 +110,8 @@ def boundary_keys(
             h.update(orjson.dumps(message, option=orjson.OPT_SORT_KEYS))
             h.update(b"\0")
         marks.append((unit.end, h.copy(), h.hexdigest()))
-    if marks and (chain is None or len(marks) >= len(chain.marks)):
-        held = list(messages[: marks[-1][0]])
-        with _chains_lock:
-            _chains.put(whose, _Chain(held, marks))
+    if chains is not None and marks and (chain is None or len(marks) >= len(chain.marks)):
+        chains.put(whose, _Chain(list(messages[: marks[-1][0]]), marks))
     return [(plan.head + 1 + i, key) for i, (_, _, key) in enumerate(marks)]
 
 
@@ -167,11 +181,12 @@ class Summaries:
         self._flight = flight
         self._retry_after = retry_after
         self._failed: BoundedLRU[str, float] = BoundedLRU(max_failures)  # key -> when to retry
+        self.chains = KeyChains()  # boundary keys resumed from a conversation's last request
 
     def keys(self, job: SummaryJob) -> list[tuple[int, str]]:
         """The boundary keys of `job`'s span (see `boundary_keys`); sets `job.key`, the key of
         the summary the job is for (its plan's cut)."""
-        keys = boundary_keys(job.messages, job.plan, job.model, self.prompt)
+        keys = boundary_keys(job.messages, job.plan, job.model, self.prompt, chains=self.chains)
         job.key = keys[-1][1]
         return keys
 

@@ -141,7 +141,8 @@ def test_no_request_of_a_long_session_waits_for_a_summary(proxy: tuple[str, Fast
             answer = body["choices"][0]["message"]["content"] or "OK"
             messages.append({"role": "assistant", "content": answer})
     # turn by turn, so that a failure shows where the events fell and what stood in
-    seen = (states, background.counts, stats.calls)
+    # a string, so that the whole sequence is printed (pytest cuts a long list's repr short)
+    seen = f"states {' '.join(states)}; {background.counts}; summary calls {stats.calls}"
     assert set(states) != {"-"}, ("no compaction event: the session is too short", seen)
     assert "cached" in states, seen  # a summary made in the background stood in
     assert background.counts.made >= 1

@@ -48,7 +48,7 @@ from app.proxy.service import ApiService
 from app.proxy.upstream import Upstream
 from app.settings import Settings
 from app.tokens.counter import ChatTokenCounter
-from app.tokens.encodings import load_encodings
+from app.tokens.encodings import EncodingSet, load_encodings
 from app.usage.ledger import Ledger, ledger_mode
 from app.usage.metrics import Metrics
 from app.usage.recording import records_for, summary_records
@@ -210,12 +210,14 @@ def create_app(
     *,
     transport: httpx.AsyncBaseTransport | None = None,
     store: UsageStore | None = None,
+    encodings: EncodingSet | None = None,
 ) -> FastAPI:
-    """The ASGI app. `transport` lets tests put a fake upstream behind the pooled client, and
-    `store` replaces the usage store `DATABASE_URL` names."""
+    """The ASGI app. `transport` lets tests put a fake upstream behind the pooled client,
+    `store` replaces the usage store `DATABASE_URL` names, and `encodings` the encodings loaded
+    from the tiktoken cache (loading them takes about a second)."""
     table = ModelTable.load(settings.config_file("models.toml"))
     upstream = Upstream(settings, routes=table, transport=transport)
-    encodings = load_encodings()
+    encodings = encodings if encodings is not None else load_encodings()
     counter = ChatTokenCounter(encodings, table)
     summary_stats = SummaryStats()
     meter = CostMeter(PriceTable.load(settings.config_file("prices.toml")))

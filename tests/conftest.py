@@ -11,9 +11,22 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
+from app import factory
 from app.factory import create_app
 from app.settings import Settings
+from app.tokens.encodings import load_encodings
 from tests.fake_upstream import FakeUpstream
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _shared_encodings() -> Iterator[None]:
+    """Every app the tests build counts with one set of encodings, loaded once: loading them
+    (tiktoken's tables, rs_bpe's) takes about a second, and the suite builds hundreds of apps.
+    The tests of loading itself call `load_encodings` from its module."""
+    encodings = load_encodings()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(factory, "load_encodings", lambda: encodings)
+        yield
 
 
 @pytest.fixture(autouse=True)

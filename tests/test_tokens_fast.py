@@ -129,8 +129,6 @@ def test_a_disagreeing_ascii_counter_is_not_used(monkeypatch: pytest.MonkeyPatch
     """The check at load: a tokenizer whose counts differ from tiktoken's is left out."""
     quicktok = pytest.importorskip("quicktok", reason="the fast extra is not installed")
 
-    from app.tokens import encodings as encodings_module
-
     class Off:
         def __init__(self, name: str, data: str) -> None:
             self._real = quicktok.Tokenizer(name, data)
@@ -141,7 +139,6 @@ def test_a_disagreeing_ascii_counter_is_not_used(monkeypatch: pytest.MonkeyPatch
             return int(self._real.count(text)) + (" " in text)
 
     monkeypatch.setattr(quicktok, "Tokenizer", Off)
-    monkeypatch.setattr(encodings_module, "_ascii_counters", {})
     loaded = load_encodings()
     assert loaded.ascii_counter("o200k_base") is None
     assert loaded.get("o200k_base") is not None
@@ -151,10 +148,7 @@ def test_without_quicktok_tiktoken_counts_everything(monkeypatch: pytest.MonkeyP
     """The default install (no `fast` extra): nothing to import, the same exact counts."""
     import sys
 
-    from app.tokens import encodings as encodings_module
-
     monkeypatch.setitem(sys.modules, "quicktok", None)  # `import quicktok` raises ImportError
-    monkeypatch.setattr(encodings_module, "_ascii_counters", {})
     loaded = load_encodings()
     assert loaded.ascii_counter("o200k_base") is None
     enc = loaded.get("o200k_base")
@@ -234,8 +228,6 @@ def test_a_disagreeing_text_counter_is_not_used(monkeypatch: pytest.MonkeyPatch)
         "rs_bpe.bpe", reason="rs_bpe has no wheel for this platform"
     ).openai
 
-    from app.tokens import encodings as encodings_module
-
     class Off:
         def __init__(self) -> None:
             self._real = rs_openai.o200k_base()
@@ -244,7 +236,6 @@ def test_a_disagreeing_text_counter_is_not_used(monkeypatch: pytest.MonkeyPatch)
             return int(self._real.count(text)) + ("é" in text)
 
     monkeypatch.setattr(rs_openai, "o200k_base", Off)
-    monkeypatch.setattr(encodings_module, "_text_counters", {})
     loaded = load_encodings()
     assert loaded.text_counter("o200k_base") is None
     assert loaded.text_counter("cl100k_base") is not None
@@ -258,12 +249,8 @@ def test_without_rs_bpe_tiktoken_counts_everything(monkeypatch: pytest.MonkeyPat
     extra: nothing to import, the same exact counts."""
     import sys
 
-    from app.tokens import encodings as encodings_module
-
     for module in ("rs_bpe", "rs_bpe.bpe", "quicktok"):
         monkeypatch.setitem(sys.modules, module, None)  # importing it raises ImportError
-    monkeypatch.setattr(encodings_module, "_text_counters", {})
-    monkeypatch.setattr(encodings_module, "_ascii_counters", {})
     loaded = load_encodings()
     assert loaded.text_counter("o200k_base") is None
     assert loaded.ascii_counter("o200k_base") is None

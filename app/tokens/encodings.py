@@ -206,8 +206,6 @@ _UNICODE_PROBES = (
     "ΣΊΣΥΦΟΣ Σίσυφος ς ǅ İstanbul ʼn",
     "١٢٣ ٤٥٦ Ⅻ \u00a0nbsp\u2028line\u0085next\u200bzero",
 )
-_ascii_counters: dict[str, Callable[[str], int] | None] = {}  # per process: the files are fixed
-_text_counters: dict[str, Callable[[str], int] | None] = {}
 
 
 def _agrees(count: Callable[[str], int], encoding: Any, probes: tuple[str, ...]) -> bool:
@@ -221,8 +219,6 @@ def _ascii_counter(
     is not installed or differs from `encoding` in vocabulary or on the probes. It is used for
     ASCII text only: beyond ASCII, its Unicode tables may class a character otherwise than
     tiktoken's regex does (and it refuses lone surrogates)."""
-    if name in _ascii_counters:
-        return _ascii_counters[name]
     counter: Callable[[str], int] | None = None
     try:
         import quicktok
@@ -237,7 +233,6 @@ def _ascii_counter(
             logger.warning("quicktok's %s differs from tiktoken's: not used", name)
     except (ImportError, RuntimeError, TypeError, ValueError) as exc:
         logger.info("quicktok unavailable for %s (%s): tiktoken counts", name, exc)
-    _ascii_counters[name] = counter
     return counter
 
 
@@ -246,8 +241,6 @@ def _text_counter(name: EncodingName, encoding: Any) -> Callable[[str], int] | N
     about 1.7× as fast), or None when it is not installed (no wheel for this platform or
     Python) or differs from `encoding` on the probes. It counts any text that is valid
     Unicode; a lone surrogate raises `UnicodeEncodeError`, and tiktoken counts that text."""
-    if name in _text_counters:
-        return _text_counters[name]
     counter: Callable[[str], int] | None = None
     try:
         from rs_bpe.bpe import openai as rs_openai
@@ -259,7 +252,6 @@ def _text_counter(name: EncodingName, encoding: Any) -> Callable[[str], int] | N
             logger.warning("rs_bpe's %s differs from tiktoken's: not used", name)
     except (ImportError, AttributeError, RuntimeError, TypeError, ValueError) as exc:
         logger.info("rs_bpe unavailable for %s (%s): tiktoken counts", name, exc)
-    _text_counters[name] = counter
     return counter
 
 

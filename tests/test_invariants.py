@@ -21,7 +21,7 @@ from app.compaction.engine import (
 from app.compaction.planner import plan
 from app.compaction.policy import Budget, StrategyName
 from app.compaction.refs import REF_SUFFIX_RE
-from app.compaction.rendering import Plan, render, render_span
+from app.compaction.rendering import Plan, kept_units, render, render_span
 from app.compaction.restorable import restorable, span_ref
 from app.compaction.summary.rolling import summary_budget
 from app.compaction.truncate import truncate_unit
@@ -203,6 +203,18 @@ def test_cache_stability_on_generated_conversations(
 
 
 RESTORING = ["trim", "middle-out", "summarize", "auto"]
+
+
+@pytest.mark.parametrize("name", list(PIPELINES))
+@ONE_REQUEST
+@given(messages=conversations(), window=WINDOWS, restore=st.booleans())
+def test_the_kept_units_are_those_the_plan_keeps(
+    name: str, messages: list[dict[str, Any]], window: int, restore: bool
+) -> None:
+    """`kept_units` (what rendering walks, without asking each unit) lists exactly the units
+    `Plan.kept` keeps, in order: head, pinned instructions before and after the cut, drops."""
+    the_plan = run(messages, PIPELINES[name], window, restore).plan
+    assert kept_units(the_plan) == [i for i in range(len(the_plan.units)) if the_plan.kept(i)]
 
 
 @pytest.mark.parametrize("name", RESTORING)

@@ -55,6 +55,19 @@ class Plan:
         return i >= self.cut and i not in self.dropped
 
 
+def kept_units(plan: Plan) -> list[int]:
+    """The units in the output, in order: those `Plan.kept` says are, found without asking
+    each unit — the head, the pinned instructions before the cut, and the units from the cut
+    on that were not dropped (a long conversation's cut is far along: most of its units are
+    before it)."""
+    head, cut, pinned, dropped = plan.head, plan.cut, plan.pinned, plan.dropped
+    before = sorted(i for i in pinned if head <= i < cut)
+    after = range(cut, len(plan.units))
+    if dropped:
+        return [*range(head), *before, *(i for i in after if i in pinned or i not in dropped)]
+    return [*range(head), *before, *after]
+
+
 def shown(messages: Sequence[Mapping[str, Any]], plan: Plan, i: int) -> list[Mapping[str, Any]]:
     """Unit i as the plan shows it (truncated, pruned)."""
     unit = plan.units[i]
@@ -85,9 +98,8 @@ def render(messages: Sequence[Mapping[str, Any]], plan: Plan) -> list[Mapping[st
     """The kept messages (head, pinned instructions, the units after the cut not dropped),
     transformed as planned. A summary, when there is one, is put in place by the caller."""
     out: list[Mapping[str, Any]] = []
-    for i in range(len(plan.units)):
-        if plan.kept(i):
-            out.extend(shown(messages, plan, i))
+    for i in kept_units(plan):
+        out.extend(shown(messages, plan, i))
     return out
 
 
@@ -95,7 +107,7 @@ def kept_sources(plan: Plan) -> list[int | None]:
     """For each message `render` returns, the index of the input message it stands for
     (transforms keep a unit's messages one to one)."""
     out: list[int | None] = []
-    for i, unit in enumerate(plan.units):
-        if plan.kept(i):
-            out.extend(range(unit.start, unit.end))
+    units = plan.units
+    for i in kept_units(plan):
+        out.extend(range(units[i].start, units[i].end))
     return out

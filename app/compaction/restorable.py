@@ -16,7 +16,7 @@ import orjson
 
 from app.compaction.prune import tool_names
 from app.compaction.refs import ref_for
-from app.compaction.rendering import Plan
+from app.compaction.rendering import Plan, kept_units
 from app.compaction.truncate import unit_texts
 from app.compaction.unit_costs import TOOL_KINDS
 
@@ -96,8 +96,8 @@ def restorable(messages: Sequence[Mapping[str, Any]], the_plan: Plan) -> dict[st
     per-message refs), mapped to the original text it stands for. `messages` are those the
     plan was made for."""
     out: dict[str, str] = {}
-    for i in range(len(the_plan.units)):
-        if the_plan.kept(i) and (i in the_plan.truncated or i < the_plan.pruned_before):
+    for i in kept_units(the_plan):
+        if i in the_plan.truncated or i < the_plan.pruned_before:
             _unit_refs(messages, the_plan, i, out)
     removed = removed_positions(the_plan)
     ref = span_ref(the_plan, messages)

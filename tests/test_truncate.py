@@ -289,7 +289,8 @@ def test_the_last_unit_fits_whenever_its_text_allows(
     units, cap = result.plan.units, result.plan.cap
     head = units[result.plan.head - 1].end
     floor = sum(simple_count(m) for m in messages[:head])
-    floor += sum(simple_count(m) for m in truncate_unit(last, cap, deep=True))
+    at = len(history)  # the markers' refs name the last unit's positions in the history
+    floor += sum(simple_count(m) for m in truncate_unit(last, cap, deep=True, start=at))
     # Also never cut: instructions after the head (DESIGN.md §3) and, in a strict chat, the
     # units no valid cut separates from the last one (truncated as deeply, §4.6).
     first = len(units) - 1
@@ -299,11 +300,13 @@ def test_the_last_unit_fits_whenever_its_text_allows(
     floor += sum(simple_count(m) for m in instructions)
     for unit in units[first:-1]:
         floor += sum(
-            simple_count(m) for m in truncate_unit(messages[unit.start : unit.end], cap, deep=True)
+            simple_count(m)
+            for m in truncate_unit(
+                messages[unit.start : unit.end], cap, deep=True, start=unit.start
+            )
         )
     if floor <= budget(window).budget:
         assert not result.over_budget, (floor, result.tokens_after)
-    at = len(history)  # the markers' refs name the last unit's positions in the history
     assert result.messages[len(result.messages) - len(last) :] in (
         last,
         truncate_unit(last, result.plan.cap, start=at),

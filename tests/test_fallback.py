@@ -132,8 +132,9 @@ async def test_when_trim_fails_too_the_request_is_forwarded_as_received(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    monkeypatch.setattr("app.compaction.service.compact", _explode)
-    monkeypatch.setattr("app.compaction.service.plan", _explode)
+    monkeypatch.setattr("app.compaction.job.compact", _explode)  # the pipeline
+    monkeypatch.setattr("app.compaction.job.plan", _explode)
+    monkeypatch.setattr("app.compaction.service.compact", _explode)  # the fallback's trim
     messages = long_history(40)
     body = orjson.dumps({"model": "gpt-4o", "messages": messages})
     with caplog.at_level(logging.ERROR, logger="app.compaction.service"):

@@ -1,4 +1,4 @@
-"""The quiet path (app/compaction/service.py, issue 16): a forwarded request under the trigger as
+"""The quiet path (app/compaction/quiet_path.py, issue 16): a forwarded request under the trigger as
 a whole goes as received, decided from its token count alone, and the plan it would have made is
 made once its answer is on its way. What it forwards and reports is what planning it gives;
 the replay cache it leaves, once the answers are out, is the one planning leaves; it never
@@ -18,8 +18,10 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
+import app.compaction.quiet_path as quiet_path
 import app.compaction.service as service_module
 from app.compaction.compacted import Compacted
+from app.compaction.engine import untouched
 from app.compaction.formats.chat import ChatFormat
 from app.compaction.offload import OFFLOAD_MESSAGES
 from app.compaction.policy import Budget
@@ -47,9 +49,9 @@ QUIET = hypothesis_settings(
 STRATEGIES = ["auto", "summarize", "trim", "truncate,prune,trim", "middle-out", "none"]
 
 
-def planning_only(service: CompactionService, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`service` without the quiet path: every request is planned."""
-    monkeypatch.setattr(service, "_quiet", lambda *args: None)
+def planning_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No quiet path (until the patch is undone): every request is planned."""
+    monkeypatch.setattr(service_module, "quiet_outcome", lambda *args: None)
 
 
 def deferred(compacted: Compacted) -> list[Callable[[], object]]:
@@ -57,7 +59,7 @@ def deferred(compacted: Compacted) -> list[Callable[[], object]]:
     return [
         start
         for start in compacted.after_answer
-        if getattr(start, "func", None) is service_module._replayed
+        if getattr(start, "func", None) is quiet_path._replayed
     ]
 
 
@@ -108,7 +110,6 @@ async def test_a_session_forwards_reports_and_remembers_what_planning_does(
     quiet request's answer is out, the same replay cache (entries, order, inputs)."""
     made = summaries()
     quiet, planned = compaction_service(tmp_path, made), compaction_service(tmp_path, made)
-    planning_only(planned, monkeypatch)
     headers = {
         "x-compaction-context-limit": str(window),
         "x-compaction-strategy": strategy,
@@ -118,9 +119,11 @@ async def test_a_session_forwards_reports_and_remembers_what_planning_does(
         for history in prefixes(messages, step):
             body = {"model": "gpt-4o", "messages": history}
             got = await quiet.prepare(CHAT, headers, body, "http://u")
-            want = await planned.prepare(
-                CHAT, headers, orjson.loads(orjson.dumps(body)), "http://u"
-            )
+            with monkeypatch.context() as patch:
+                planning_only(patch)
+                want = await planned.prepare(
+                    CHAT, headers, orjson.loads(orjson.dumps(body)), "http://u"
+                )
             assert (got.body, got.forward, got.view) == (want.body, want.forward, want.view)
             assert reported(got) == reported(want)
             assert (got.tokens_before, got.tokens_after) == (want.tokens_before, want.tokens_after)
@@ -277,14 +280,16 @@ async def test_through_the_proxy_a_session_is_served_as_planning_serves_it(
         app = proxy_app(tmp_path / str(quiet), fake)
         service = compactor(app)
         taken: list[bool] = []
-        decide = service._quiet
 
-        def spied(*args: Any, decide: Any = decide, taken: list[bool] = taken) -> Any:
-            outcome = decide(*args)
+        def spied(*args: Any, taken: list[bool] = taken) -> Any:
+            outcome = quiet_path.quiet_outcome(*args)
             taken.append(outcome is not None)
             return outcome
 
-        monkeypatch.setattr(service, "_quiet", spied if quiet else lambda *args: None)
+        if quiet:
+            monkeypatch.setattr(service_module, "quiet_outcome", spied)
+        else:
+            planning_only(monkeypatch)
         statuses, reports = [], []
         async for response in session(app, route):
             statuses.append(response.status_code)
@@ -309,10 +314,10 @@ def test_a_quiet_result_is_the_request_as_received(tmp_path: Path) -> None:
     """What the quiet path forwards: the very messages, every index its own source, nothing
     applied, and over the budget only when the tokens are."""
     messages: list[Mapping[str, Any]] = [{"role": "user", "content": "hi"}]
-    result = service_module.untouched(messages, 12)
+    result = untouched(messages, 12)
     assert result.messages is messages
     assert list(result.sources) == [0]
     assert (result.applied, result.tokens_before, result.tokens_after) == ((), 12, 12)
     assert not result.over_budget
-    assert service_module.untouched(messages, 12, Budget(20, 9, 0.8, 0.5)).over_budget
-    assert not service_module.untouched(messages, 11, Budget(20, 9, 0.8, 0.5)).over_budget
+    assert untouched(messages, 12, Budget(20, 9, 0.8, 0.5)).over_budget
+    assert not untouched(messages, 11, Budget(20, 9, 0.8, 0.5)).over_budget

@@ -1,5 +1,6 @@
 """One request being compacted (`Job`): its adapter, body, view, models and where it goes, how
-its messages are counted, and what its pipeline came to (`Outcome`)."""
+its messages are counted, how it is planned (`Planning`), and what its pipeline came to
+(`Outcome`)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.compaction.engine import CompactionResult
+from app.compaction.engine import CompactionResult, compact, marker_tokens
 from app.compaction.formats import Conversation, WireFormat
+from app.compaction.planner import plan
+from app.compaction.policy import Budget, StrategyName
+from app.compaction.rendering import Plan
+from app.compaction.replays import Replays
 from app.compaction.summary.prompt import SummaryUsage
 from app.compaction.summary.request import Asked, StandIn
+from app.compaction.summary.rolling import summary_budget
+from app.compaction.unit_costs import MessageCounter
 from app.errors import ProxyError
 from app.tokens.counter import Counted, TokenCounter, count_within, counts_within
 
@@ -64,8 +71,11 @@ class Job:
         )
 
     def count_fixed(self) -> int:
-        """The tokens of what every prompt carries whatever is cut (tools, instructions)."""
-        return self.counter.count_fixed(self.model, self.conversation.fixed)
+        """The tokens of what every prompt carries whatever is cut (tools, instructions),
+        counted once."""
+        if self.counted.fixed is None:
+            self.counted.fixed = self.counter.count_fixed(self.model, self.conversation.fixed)
+        return self.counted.fixed
 
     def rendered(
         self,
@@ -89,6 +99,64 @@ class Outcome:
     forwarded: dict[str, Any]
     usage: SummaryUsage = field(default_factory=SummaryUsage)
     stand: StandIn | None = None  # what stood for the cut span, when the event needed a summary
+
+
+@dataclass(frozen=True, slots=True)
+class Planning:
+    """How one request is planned: its pipeline and budget, the replay cache its plans resume
+    (None: every plan from the first message), and, when it is summarised, the tokens
+    reserved for what stands for a cut span (the summary, and restore's marker with it)."""
+
+    job: Job
+    pipeline: tuple[StrategyName, ...]
+    budget: Budget
+    replays: Replays | None
+    summarized: bool = False
+    stand_in: int = 0
+
+    @classmethod
+    def of(
+        cls,
+        job: Job,
+        pipeline: tuple[StrategyName, ...],
+        budget: Budget,
+        replays: Replays | None,
+        summarized: bool,
+    ) -> Planning:
+        reserved = summary_budget(budget.goal) if summarized else 0
+        # restoring, the summary ends with the span marker: its tokens are reserved too
+        marker = marker_tokens(job.count) if summarized and job.restore else 0
+        return cls(job, pipeline, budget, replays, summarized, reserved + marker)
+
+    def plan(
+        self,
+        history: Sequence[Mapping[str, Any]],
+        count: MessageCounter,
+        fixed: int,
+        memory: Replays | None,
+    ) -> Plan:
+        """This request's plan inputs, for its history or a predicted one."""
+        job = self.job
+        return plan(
+            history, self.pipeline, self.budget, count, fixed, self.stand_in,
+            protect=job.protect, marked=job.restore, replays=memory,
+        )  # fmt: skip
+
+    def compact(self, fixed: int, **given: Any) -> CompactionResult:
+        """`compact` of the request's messages with these inputs (`given`: the summary, the
+        plan already made)."""
+        job = self.job
+        return compact(
+            job.conversation.messages, self.pipeline, self.budget, job.count, fixed,
+            protect=job.protect, restore=job.restore, replays=self.replays, **given,
+        )  # fmt: skip
+
+    def remembered(self) -> object:
+        """Plan the request as its planning does, for what the replay cache remembers of it."""
+        fixed = self.job.count_fixed()
+        if self.summarized:
+            return self.plan(self.job.conversation.messages, self.job.count, fixed, self.replays)
+        return self.compact(fixed)
 
 
 def view_of(wire: WireFormat, body: dict[str, Any]) -> Conversation:

@@ -11,17 +11,16 @@ service applies; it never touches the exchange itself. No web or HTTP client imp
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Mapping
 from functools import partial
 from typing import Any
 
 from app.compaction.compacted import Compacted, compacted_of, ledgered, overflow_bound
-from app.compaction.engine import compact, marker_tokens, untouched
+from app.compaction.engine import compact
 from app.compaction.formats import WireFormat
 from app.compaction.formats.chat import ChatFormat
-from app.compaction.job import Job, Outcome, view_of
+from app.compaction.job import Job, Outcome, Planning, view_of
 from app.compaction.offload import as_received, is_heavy, offload, run_off
-from app.compaction.planner import plan
 from app.compaction.policy import (
     Budget,
     Controls,
@@ -30,6 +29,7 @@ from app.compaction.policy import (
     parse_strategy,
     resolve_pipeline,
 )
+from app.compaction.quiet_path import planned_later, quiet_outcome
 from app.compaction.rendering import Plan
 from app.compaction.replays import ReplayCache, Replays
 from app.compaction.report import Preview
@@ -41,7 +41,6 @@ from app.compaction.summary.request import (
 )
 from app.compaction.summary.rolling import Summaries, summary_budget
 from app.compaction.summary.stand_in import without_summary
-from app.compaction.unit_costs import MessageCounter
 from app.errors import BadRequest
 from app.jsontext import HistoryTexts
 from app.settings import LedgerMode, Settings
@@ -54,27 +53,6 @@ from app.windows.table import anthropic_betas, output_reserve
 CHAT = ChatFormat()  # the default adapter (stateless)
 
 logger = logging.getLogger(__name__)
-
-
-def _replayed(
-    replays: Replays,
-    counting: Hashable,
-    heavy: Callable[[], bool],
-    planning: Callable[[], object],
-) -> None:
-    """Make a plan for what the replay cache remembers of it (`planning`: the plan a request
-    forwarded without one would have made), once its answer is on its way, on the event
-    loop. Nothing when the counter's state moved since the request was counted (its counts
-    are the request's), or when the plan is no longer a small one (`heavy`: the replay it
-    resumes was dropped from the cache meanwhile) and would hold up the loop: the next
-    request then plans from further back, where planning runs. A failure, likewise, only
-    leaves the cache as it was."""
-    if replays.counting() != counting or heavy():
-        return
-    try:
-        planning()
-    except Exception:
-        logger.exception("planning a quiet request for the replay cache failed")
 
 
 class CompactionService:
@@ -236,70 +214,51 @@ class CompactionService:
     async def _compact(
         self, job: Job, pipeline: tuple[StrategyName, ...], budget: Budget
     ) -> Outcome:
-        """Run the pipeline. With `summarize`, the cut is the plan's whatever the summary's
-        state: the summary stands for the cut span when it is cached (or, in wait mode, made
-        for this request), else nothing does (DESIGN.md §12).
-
-        A forwarded request under the trigger as a whole goes as received without a plan
-        (`_quiet`); the plan it would have made is made once its answer is on its way, for
-        the replay cache that its conversation's next requests resume."""
+        """Run the pipeline. A forwarded request under the trigger as a whole goes as received
+        without a plan, the plan it would have made made after its answer (the quiet path,
+        app/compaction/quiet_path.py)."""
         messages = job.conversation.messages
         heavy = is_heavy(messages, self._replays, self.texts)
-        off = partial(run_off, heavy)  # where its work runs, once
         replays = self._remembered(job.model)
-        compacting = partial(
-            compact, messages, pipeline, budget, job.count,
-            protect=job.protect, restore=job.restore, replays=replays,
-        )  # fmt: skip
         summarizing = self._summarizing if "summarize" in pipeline else None
-        reserved = summary_budget(budget.goal)
-        # restoring, the summary ends with the span marker: its tokens are reserved too
-        planned_size = 0
-        if summarizing is not None:
-            planned_size = reserved + (marker_tokens(job.count) if job.restore else 0)
-
-        def plan_of(
-            history: Sequence[Mapping[str, Any]],
-            count: MessageCounter,
-            fixed: int,
-            memory: Replays | None,
-        ) -> Plan:  # this request's plan inputs, for its history or a predicted one
-            return plan(
-                history, pipeline, budget, count, fixed, planned_size,
-                protect=job.protect, marked=job.restore, replays=memory,
-            )  # fmt: skip
-
+        planning = Planning.of(job, pipeline, budget, replays, summarizing is not None)
         if job.forwarded and not heavy:
-            quiet = self._quiet(job, budget, summarizing)
+            quiet = quiet_outcome(job, budget, summarizing)
             if quiet is not None:
-                outcome, fixed = quiet
                 if replays is not None:  # the replay this request's plan remembers, later
-                    planning = (
-                        partial(plan_of, messages, job.count, fixed, replays)
-                        if summarizing is not None
-                        else partial(compacting, fixed)
-                    )
                     heavy_now = partial(is_heavy, messages, self._replays, self.texts)
-                    later = partial(_replayed, replays, replays.counting(), heavy_now, planning)
-                    job.after.append(later)
-                return outcome
-        if summarizing is None:
+                    job.after.append(planned_later(replays, heavy_now, planning.remembered))
+                return quiet
+        if summarizing is None:  # counting, planning and rendering: one hop
+            return await run_off(heavy, lambda: job.rendered(planning.compact(job.count_fixed())))
+        return await self._summarized(planning, summarizing, heavy)
 
-            def whole() -> Outcome:  # counting, planning and rendering: one hop
-                return job.rendered(compacting(job.count_fixed()))
-
-            return await off(whole)
+    async def _summarized(
+        self,
+        planning: Planning,
+        summarizing: RequestSummaries,
+        heavy: bool,
+    ) -> Outcome:
+        """The pipeline with `summarize`: the cut is the plan's whatever the summary's state:
+        the summary stands for the cut span when it is cached (or, in wait mode, made for
+        this request), else nothing does (DESIGN.md §12). `heavy`: its work runs in a worker
+        thread (`is_heavy`)."""
+        job, budget, replays = planning.job, planning.budget, planning.replays
+        off = partial(run_off, heavy)  # where its work runs, once
 
         def planned() -> tuple[int, Plan]:
             fixed = job.count_fixed()
-            return fixed, plan_of(messages, job.count, fixed, replays)
+            return fixed, planning.plan(job.conversation.messages, job.count, fixed, replays)
 
         fixed, the_plan = await off(planned)
-        compaction = partial(compacting, fixed, summary_tokens=planned_size, planned=the_plan)
+        compaction = partial(
+            planning.compact, fixed, summary_tokens=planning.stand_in, planned=the_plan
+        )
         asked = job.asked()
+        reserved = summary_budget(budget.goal)
         # the next event's prediction: the same inputs, resuming this plan's replay (read only)
         peek = replays.peeking() if replays is not None else None
-        predict = partial(plan_of, fixed=fixed, memory=peek)
+        predict = partial(planning.plan, fixed=fixed, memory=peek)
         await summarizing.ahead(asked, the_plan, predict, budget, reserved)
         if not the_plan.summarize:
             return await off(lambda: job.rendered(compaction(summary="")))
@@ -310,30 +269,12 @@ class CompactionService:
             result = compaction(summary=stand.text)
             if stand.text is None:
                 result = without_summary(
-                    result, pipeline, planned_size, budget, job.count, marked=job.restore
-                )
+                    result, planning.pipeline, planning.stand_in, budget, job.count,
+                    marked=job.restore,
+                )  # fmt: skip
             return job.rendered(result, summary.usage, stand)
 
         return await off(stood_in)
-
-    @staticmethod
-    def _quiet(
-        job: Job, budget: Budget, summarizing: RequestSummaries | None
-    ) -> tuple[Outcome, int] | None:
-        """A request under the trigger as a whole, as received, and the tokens of its fixed
-        part: its replay would cross the trigger nowhere (every unit costs >= 0, so no prefix
-        costs more than the whole), so its plan is to keep everything, and it needs no plan
-        (`planner._quiet`). None when it is over the trigger, or when summaries would start
-        ahead of its next event (`RequestSummaries.keeps_still`)."""
-        fixed = job.count_fixed()
-        tokens = fixed + sum(job.counts())
-        if tokens > budget.trigger:
-            return None
-        if summarizing is not None and not summarizing.keeps_still(
-            job.conversation.messages, job.summary_model, tokens, budget, job.wait
-        ):
-            return None
-        return Outcome(untouched(job.conversation.messages, tokens, budget), job.body), fixed
 
     def _remembered(self, model: str) -> Replays | None:
         """The replay cache as `model`'s plans use it (keyed by its counter's state too)."""

@@ -332,7 +332,11 @@ class ApiService:
     async def _finish(self, exchange: Exchange) -> None:
         compacted = exchange.compacted
         if compacted is not None and 0 < exchange.status < 400:
-            for start in compacted.after_answer:  # its answer went out: summaries ahead
-                start()
+            # its answer went out: summaries ahead, a quiet request's plan for the cache
+            for start in compacted.after_answer:
+                try:
+                    start()
+                except Exception:  # logged: it must not cost this answer its usage record
+                    logger.exception("work after the answer of %s failed", exchange.model)
         if self._on_done is not None:
             await self._on_done(exchange)

@@ -245,16 +245,17 @@ def _whole(tokens: float) -> int:
 
 
 class Counted:
-    """A request's message counts for `count_within`: all of them counted at once on first
-    use, then found by the message's identity. Messages are indexed from the newest back, a
-    widening stretch at a time, as lookups need: a conversation's next request mostly looks
-    up the few messages it added, and indexing all of them cost more than its plan (20 µs at
-    450 messages)."""
+    """A request's counts: its messages' for `count_within`, all of them counted at once on
+    first use, then found by the message's identity, and its fixed part's. Messages are
+    indexed from the newest back, a widening stretch at a time, as lookups need: a
+    conversation's next request mostly looks up the few messages it added, and indexing all
+    of them cost more than its plan (20 µs at 450 messages)."""
 
-    __slots__ = ("counts", "ids", "start")
+    __slots__ = ("counts", "fixed", "ids", "start")
 
     def __init__(self) -> None:
         self.counts: Sequence[int] | None = None
+        self.fixed: int | None = None  # `count_fixed` of the request, once counted
         self.ids: dict[int, int] = {}  # id of a message -> its index
         self.start = 0  # messages from here on are indexed
 

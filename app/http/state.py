@@ -57,7 +57,7 @@ async def require_client(request: Request) -> str | None:
     Dependencies are `async def` so FastAPI runs them inline, not in its thread pool.
     """
     state: AppState = request.app.state.inflight
-    key = state.keys.check(request.headers.get("authorization"), request.headers.get("x-api-key"))
+    key = state.keys.identify(request.headers)
     request.state.client_key_id = key
     return key
 

@@ -189,6 +189,32 @@ async def test_without_proxy_keys_the_credential_sent_is_the_owner(tmp_path: Pat
         await not_found(client, anonymous, bearer("sk-upstream-a"))
 
 
+@pytest.mark.parametrize(
+    ("mine", "theirs"),
+    [
+        ({"authorization": "Basic dXNlcjphOnNlY3JldA=="}, {"authorization": "Basic dXNlcjpi"}),
+        ({"api-key": "azure-key-a"}, {"api-key": "azure-key-b"}),
+        ({"x-api-key": "sk-ant-a"}, {"x-api-key": "sk-ant-b"}),
+        ({"authorization": "Token abc"}, {"api-key": "abc"}),
+    ],
+)
+async def test_full_rows_are_read_only_by_the_same_credential_of_any_scheme(
+    tmp_path: Path, mine: dict[str, str], theirs: dict[str, str]
+) -> None:
+    """Without proxy keys, any credential is the owner — Basic, Azure's `api-key`, `x-api-key` —
+    not only a Bearer token: another client (or one that sent nothing) never reads a `full` row,
+    originals included, and neither does the anonymous owner."""
+    async with proxy(tmp_path, FakeUpstream().app, ledger="full") as client:
+        ledger_id = await compacted_id(client, mine)
+        url = f"/v1/compaction/ledger/{ledger_id}"
+        found = await client.get(url, headers=mine)
+        assert found.status_code == 200, found.text
+        assert SECRET in found.text
+        for other in (theirs, {}, bearer("")):
+            body = await not_found(client, ledger_id, other)
+            assert SECRET not in str(body)
+
+
 async def test_full_keeps_the_originals_and_off_keeps_nothing(tmp_path: Path) -> None:
     (tmp_path / "full").mkdir()
     async with proxy(tmp_path / "full", FakeUpstream().app, ledger="full") as client:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -44,6 +45,16 @@ def test_missing_or_repeated_ids_fall_back_to_position() -> None:
     assert tool_names(unit(calls, ["b", "b"])) == ["search", "delete_file"]  # one id answered twice
     assert tool_names(unit(calls, ["x", "a"])) == ["search", "delete_file"]  # an unknown id
     assert answered_calls(unit([("a", "search")], ["a", "a"])) == [0, None]  # more answers
+
+
+@pytest.mark.parametrize("named", [{"id": "a"}, ["a"], [], {}, 7, True])
+def test_an_answer_id_that_is_not_a_string_names_no_call(named: Any) -> None:
+    """A `tool_call_id` of another JSON type is client data: it pairs by position, never a
+    TypeError (an object or a list was looked up in a dict: a 500 from the ledger's cuts)."""
+    calls = [("a", "search"), ("b", "delete_file")]
+    assert answered_calls(unit(calls, [named, "a"])) == [0, 1]
+    assert tool_names(unit(calls, ["b", named])) == ["search", "delete_file"]
+    assert is_placeholder(prune_unit(unit(calls, [named, named]))[1]["content"])
 
 
 def test_a_placeholder_lookalike_in_content_is_still_pruned() -> None:

@@ -65,8 +65,8 @@ def answered_calls(unit_messages: Sequence[Mapping[str, Any]]) -> list[int | Non
     """For each message after the first of a tool unit, the index of the call it answers.
 
     Matched by `tool_call_id` within the unit when the calls' ids are distinct strings and the
-    answers name distinct calls among them; otherwise by position (real transcripts reuse and
-    omit ids). None when the position has no call.
+    answers name distinct calls among them (by strings too); otherwise by position (real
+    transcripts reuse and omit ids). None when the position has no call.
     """
     answers = unit_messages[1:]
     ids = _call_ids(unit_messages[0])
@@ -76,7 +76,9 @@ def answered_calls(unit_messages: Sequence[Mapping[str, Any]]) -> list[int | Non
         return by_position
     index = {call_id: k for k, call_id in enumerate(ids)}
     named = [m.get("tool_call_id") for m in answers]
-    if any(n not in index for n in named) or any(c > 1 for c in Counter(named).values()):
+    if not all(isinstance(n, str) and n in index for n in named):
+        return by_position  # an id of another type (client data: an object, a list) names none
+    if any(c > 1 for c in Counter(named).values()):
         return by_position
     return [index[n] for n in named]
 

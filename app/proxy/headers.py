@@ -1,5 +1,6 @@
 """Headers across the proxy: hop-by-hop headers and our own `X-Compaction-*` controls dropped
-both ways, the client's credentials replaced by a configured upstream key."""
+both ways, the client's credentials replaced by a configured upstream key (every header that
+carries one, not just the one the key goes in)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,9 @@ HOP_BY_HOP = frozenset(
     }
 )
 _REQUEST_DROP = HOP_BY_HOP | {"host", "content-length"}
+# Where clients send credentials (OpenAI, Anthropic, Azure): the proxy reads its own key from
+# them (app/http/auth.py), and an upstream key that replaces the client's replaces all of them.
+CREDENTIAL_HEADERS = frozenset({"authorization", "x-api-key", "api-key"})
 _RESPONSE_DROP = HOP_BY_HOP | {"content-length", "date", "server"}
 
 
@@ -46,9 +50,11 @@ def filter_request_headers(
 ) -> list[tuple[str, str]]:
     """Client headers to send upstream: hop-by-hop and our own controls removed.
 
-    `api_key` replaces the client's credentials when set: `Authorization: Bearer` (OpenAI), or
-    `x-api-key` with the client's Authorization dropped (Anthropic); `identity` asks the
-    upstream for an uncompressed body (needed where the proxy reads the answer, e.g. usage).
+    `api_key` replaces the client's credentials when set: every credential header it sent
+    (`CREDENTIAL_HEADERS`) is dropped, then the key goes in `Authorization: Bearer` (OpenAI) or
+    `x-api-key` (Anthropic); `identity` asks the upstream for an uncompressed body (needed
+    where the proxy reads the answer, e.g. usage). A client's proxy key (`INFLIGHT_API_KEYS`)
+    is removed from whatever header carries it by `Upstream`, where every request passes.
     """
     pairs = list(headers)
     drop = _REQUEST_DROP | _connection_tokens(pairs)
@@ -58,7 +64,7 @@ def filter_request_headers(
         if k.lower() not in drop and not k.lower().startswith("x-compaction-")
     ]
     if api_key is not None:
-        out = [(k, v) for k, v in out if k.lower() not in ("authorization", key_header)]
+        out = [(k, v) for k, v in out if k.lower() not in CREDENTIAL_HEADERS]
         value = f"Bearer {api_key}" if key_header == "authorization" else api_key
         out.append((key_header, value))
     if identity:

@@ -5,17 +5,20 @@ Which headers cross is app/proxy/headers.py; summary requests are app/proxy/comp
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import re
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from functools import lru_cache
 from http.cookiejar import Cookie, CookieJar
 from typing import Any, Literal, Protocol
+from urllib.parse import quote, unquote
 
 import httpx
 import orjson
 
-from app.errors import UpstreamTimeout, UpstreamUnavailable
+from app.errors import BadRequest, UpstreamTimeout, UpstreamUnavailable
 from app.settings import Settings
 from app.windows.table import Route
 
@@ -80,6 +83,38 @@ def upstream_errors(url: str | httpx.URL, stage: Stage) -> Iterator[None]:
         raise translate(exc, url, stage) from exc
 
 
+class PathOutsideUpstream(BadRequest):
+    """A client path that would leave the upstream's base path (`..` once decoded)."""
+
+    code = "invalid_path"
+
+
+# A path made only of these needs neither decoding nor quoting (the compacting routes' own).
+_PLAIN_PATH = re.compile(r"[A-Za-z0-9/_\-]*")
+_DECODINGS = 4  # percent-decodings looked through for a `..` before a path is refused outright
+# What stays as it is when a decoded path is put back into a URL (RFC 3986 pchar and `/`).
+_PATH_SAFE = "/:@!$&'()*+,;=-._~"
+
+
+def upstream_path(v1_path: str) -> str:
+    """The client's path after `/v1` (percent-decoded once, as the ASGI server hands it over),
+    as it is joined to the upstream's base: quoted again, so a `?`, `#` or `%` in it stays
+    part of the path. Raises `PathOutsideUpstream` when any decoding of it (double-encoded
+    tricks too: `%252e`) has a `..` segment, `\\` counting as `/`: the proxy never sends the
+    upstream's key to a path outside the base it was configured with."""
+    if _PLAIN_PATH.fullmatch(v1_path):
+        return v1_path
+    seen = v1_path
+    for _ in range(_DECODINGS):
+        if ".." in re.split(r"[/\\]", seen):
+            raise PathOutsideUpstream(f"path segment '..' not allowed: {v1_path!r}")
+        decoded = unquote(seen)
+        if decoded == seen:
+            return quote(v1_path, safe=_PATH_SAFE)
+        seen = decoded
+    raise PathOutsideUpstream(f"path encoded too many times: {v1_path!r}")
+
+
 def _same_origin(a: str, b: str) -> bool:
     first, second = httpx.URL(a), httpx.URL(b)
     return (first.scheme, first.host, first.port) == (second.scheme, second.host, second.port)
@@ -130,6 +165,10 @@ class _Tracked(httpx.AsyncByteStream):
                 done()
 
 
+def _digest(value: str) -> bytes:
+    return hashlib.sha256(value.encode()).digest()
+
+
 @lru_cache(maxsize=256)
 def _parsed_url(url: str) -> httpx.URL:
     """`url` parsed once: httpx parses a URL string in Python on every request, and a
@@ -160,6 +199,7 @@ class Upstream:
             anthropic_key.get_secret_value() if anthropic_key else None,
         )
         self._routes = routes
+        self._proxy_keys = frozenset(_digest(k.get_secret_value()) for k in settings.api_keys)
         self._probe_timeout = settings.discovery_timeout
         self._active: dict[str, int] = {}  # origin -> client requests in flight
         limits = httpx.Limits(
@@ -203,18 +243,24 @@ class Upstream:
 
     def route(self, model: str | None, *, anthropic: bool = False) -> Route:
         """The upstream for `model`: its `models.toml` entry, else `INFLIGHT_UPSTREAM_URL`
-        (`INFLIGHT_ANTHROPIC_UPSTREAM_URL` for Anthropic's API), whose key it falls back to."""
+        (`INFLIGHT_ANTHROPIC_UPSTREAM_URL` for Anthropic's API).
+
+        An entry's key is its `api_key_env`; without one the client's own credentials go
+        through, never the default upstream's key, which is the operator's for that upstream
+        alone (an entry naming that very base URL is that upstream, and keeps it)."""
         default = self._anthropic if anthropic else self._default
         if model and self._routes is not None:
             found = self._routes.route_for(model)
             if found is not None:
-                return Route(found.base_url, found.api_key or default.api_key)
+                same = found.base_url == default.base_url
+                return Route(found.base_url, found.api_key or (default.api_key if same else None))
         return default
 
     @staticmethod
     def url(route: Route, v1_path: str, query: bytes = b"") -> str:
-        """Join the route's base with the part of the client's path after `/v1`."""
-        url = route.base_url + v1_path
+        """Join the route's base with the part of the client's path after `/v1` (see
+        `upstream_path`: never a path outside the base)."""
+        url = route.base_url + upstream_path(v1_path)
         return f"{url}?{query.decode('latin-1')}" if query else url
 
     async def send(
@@ -263,6 +309,8 @@ class Upstream:
         `headers`; the pooled client's timeouts unless a `deadline` replaces them."""
         names = {name.lower() for name, _ in headers}
         merged = [(k, v) for k, v in self._defaults if k.lower() not in names]
+        if self._proxy_keys:
+            headers = [(k, v) for k, v in headers if not self._carries_proxy_key(v)]
         merged.extend(headers)
         timeout = self._timeout if deadline is None else httpx.Timeout(deadline).as_dict()
         return httpx.Request(
@@ -272,6 +320,14 @@ class Upstream:
             content=content,
             extensions={"timeout": timeout},
         )
+
+    def _carries_proxy_key(self, value: str) -> bool:
+        """Whether a header's value is one of `INFLIGHT_API_KEYS`, alone or after a scheme
+        (`Bearer <key>`): the key a client proves itself to the proxy with is never sent on,
+        whatever header carries it."""
+        value = value.strip()
+        token = value.rpartition(" ")[2]
+        return _digest(value) in self._proxy_keys or _digest(token) in self._proxy_keys
 
     async def _send(self, request: httpx.Request, pool: int = 0) -> httpx.Response:
         """`request` straight to a pool's transport, its body unread. `AsyncClient.send` does

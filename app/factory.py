@@ -17,7 +17,7 @@ from app.banner import log_banner
 from app.compaction.formats import ApiName
 from app.compaction.service import CompactionService
 from app.compaction.summary.background import BackgroundSummaries
-from app.compaction.summary.cache import SummaryCache, SummaryFlight, open_cache
+from app.compaction.summary.cache import RedisCache, SummaryCache, SummaryFlight, open_cache
 from app.compaction.summary.prompt import Completer, SummaryPrompt
 from app.compaction.summary.rolling import Summaries, SummaryJob
 from app.dashboard.assets import DashboardAssets
@@ -25,6 +25,7 @@ from app.errors import BadRequest, ProxyError
 from app.http.auth import KeyChecker
 from app.http.errors import error_response, proxy_error_handler, unexpected_error_handler
 from app.http.hot import InflightApp
+from app.http.readiness import Check, Readiness
 from app.http.routes import (
     chat,
     compaction,
@@ -163,16 +164,19 @@ def _background(
 
 
 def _lifespan(state: AppState, cache: SummaryCache, background: BackgroundSummaries) -> Lifespan:
-    """Startup (banner, store, usage writer) and shutdown (flush, then close everything)."""
+    """Startup (banner, store, usage writer, the readiness probe) and shutdown (the probe
+    stopped, flush, then close everything)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         log_banner(state.settings, state.encodings_missing, state.counters)
         await state.store.open()
         await state.queue.start()
+        state.readiness.start()
         try:
             yield
         finally:
+            await state.readiness.aclose()  # before what it probes
             await background.aclose()  # cancel background summaries before their upstream
             await state.queue.close()  # flush every record before the store closes
             await state.store.close()
@@ -180,6 +184,16 @@ def _lifespan(state: AppState, cache: SummaryCache, background: BackgroundSummar
             await cache.close()
 
     return lifespan
+
+
+def _readiness(
+    settings: Settings, upstream: Upstream, store: UsageStore, cache: SummaryCache
+) -> Readiness:
+    """What `/readyz` reports: the upstream, the usage store and, with `CACHE_URL`, Redis."""
+    checks: dict[str, Check] = {"store": store.ping, "upstream": upstream.reachable}
+    if isinstance(cache, RedisCache):
+        checks["cache"] = cache.ping
+    return Readiness(checks, interval=settings.ready_interval, timeout=settings.ready_timeout)
 
 
 def _recording(
@@ -252,6 +266,7 @@ def create_app(
         metrics=metrics,
         encodings_missing=encodings.missing,
         counters=encodings.counters(),
+        readiness=_readiness(settings, upstream, store, cache),
     )
     return _asgi_app(state, _lifespan(state, cache, background))
 

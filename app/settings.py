@@ -105,6 +105,13 @@ class Settings(BaseSettings):
     ledger_ttl: float = Field(24 * 3600.0, gt=0)  # seconds a ledger row is kept
     restore: bool = False  # offer the model `inflight_restore` (X-Compaction-Restore)
     protect_tools: Annotated[tuple[str, ...], NoDecode] = ()  # outputs never pruned/truncated
+    # Readiness (`/readyz`): one background probe of the upstream, store and cache this often,
+    # each check given this long; `/readyz` answers from its last result.
+    ready_interval: float = Field(10.0, gt=0)
+    ready_timeout: float = Field(2.0, gt=0)
+    # `/metrics` and `/stats` name models configured or priced, and this many others (the first
+    # seen in `/metrics`, the busiest in `/stats`); the rest are `other`.
+    metrics_top_models: int = Field(20, ge=0)
 
     @field_validator("api_keys", "protect_tools", mode="before")
     @classmethod

@@ -154,7 +154,10 @@ def errors(*statuses: int) -> dict[str, JSONSchema]:
 _READINESS: JSONSchema = {
     "type": "object",
     "required": ["ready", "store", "upstream"],
-    "properties": {name: {"type": "boolean"} for name in ("ready", "store", "upstream")},
+    "properties": {
+        **{name: {"type": "boolean"} for name in ("ready", "store", "upstream", "cache")},
+        "age": {"type": "number", "description": "seconds since the background probe ended"},
+    },
 }
 READYZ: JSONSchema = {
     "responses": {

@@ -11,6 +11,7 @@ from fastapi import Depends, Request
 from app.compaction.service import CompactionService
 from app.errors import Unauthorized
 from app.http.auth import KeyChecker
+from app.http.readiness import Readiness
 from app.proxy.passthrough import PassthroughService
 from app.proxy.service import ApiService
 from app.proxy.upstream import Upstream
@@ -40,6 +41,7 @@ class AppState:
     metrics: Metrics
     encodings_missing: tuple[str, ...]
     counters: Mapping[str, tuple[str, ...]]  # per loaded encoding: what counts its text
+    readiness: Readiness
 
 
 def app_state(request: Request) -> AppState:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from fastapi import APIRouter
@@ -20,12 +21,11 @@ async def healthz() -> dict[str, str]:
 
 @router.get("/readyz", response_model=None, openapi_extra=openapi.READYZ)
 async def readyz(state: State) -> JSONResponse:
-    store = await state.store.ping()
-    upstream = await state.upstream.reachable()
-    ready = store and upstream
-    return JSONResponse(
-        {"ready": ready, "store": store, "upstream": upstream}, status_code=200 if ready else 503
-    )
+    """The background probe's last verdict (app/http/readiness.py): no key needed, so it
+    never reaches the upstream, the store or the cache itself."""
+    found = await state.readiness.current()
+    body = found.as_json(time.monotonic())
+    return JSONResponse(body, status_code=200 if found.ready else 503)
 
 
 @router.get("/stats", openapi_extra=openapi.STATS)

@@ -174,7 +174,18 @@ def _model_side(item: Mapping[str, Any]) -> bool:
 
 
 def item_kind(item: Mapping[str, Any]) -> str:
-    return "message" if item.get("type") is None else str(item["type"])
+    if item.get("type") is None:
+        return "item_reference" if item.get("role") is None else "message"
+    return str(item["type"])
+
+
+def model_made(item: Mapping[str, Any]) -> bool:
+    """An item the model produced, which a reasoning item may precede: anything but a
+    reasoning item, an output, or a message of another role than the assistant's."""
+    kind = item_kind(item)
+    if kind == "message":
+        return item.get("role") == "assistant"
+    return kind != "reasoning" and kind not in OUTPUTS
 
 
 def answer(item: Mapping[str, Any]) -> tuple[str, Any]:
@@ -188,7 +199,8 @@ def pair_problems(items: Sequence[Mapping[str, Any]]) -> list[str]:
     """Where `items` break the Responses pairing rules, written apart from the adapter: in each
     run of call, output and reasoning items, every output answers a call before it in the run
     not answered yet, and no call is left unanswered when the run ends; a reasoning item (or a
-    chain of them) is followed by a call or an assistant message."""
+    chain of them) is followed by an item the model made (a call, an assistant message, a web
+    search…)."""
     problems: list[str] = []
     pending: Counter[tuple[str, Any]] = Counter()
     for k, item in enumerate(items):
@@ -205,7 +217,7 @@ def pair_problems(items: Sequence[Mapping[str, Any]]) -> list[str]:
             j = k + 1
             while j < len(items) and item_kind(items[j]) == "reasoning":
                 j += 1
-            if j == len(items) or not _model_side(items[j]):
+            if j == len(items) or not model_made(items[j]):
                 problems.append(f"input[{k}]: reasoning not followed by what it preceded")
         elif +pending:
             problems.append(f"input[{k}]: {sorted(map(str, +pending))} unanswered before it")
@@ -234,51 +246,80 @@ def follows_strict_rule(items: Sequence[Mapping[str, Any]]) -> bool:
 # -- generated item lists: what real Responses clients send beyond converted chats -----------
 
 
+def reasoning_item(name: str) -> dict[str, Any]:
+    summary = [{"type": "summary_text", "text": f"thinking {name}"}]
+    return {"type": "reasoning", "id": f"rs_{name}", "summary": summary, "encrypted_content": "e"}
+
+
+def _call_pair(kind: str, call_id: str, name: str, size: int, text: str) -> tuple[Any, Any]:
+    """A client-executed call of `kind` and its output, shaped as the SDK's params."""
+    out: Any
+    if kind == "custom_tool_call":
+        call = {"type": kind, "call_id": call_id, "name": "patch", "input": text}
+        out = {"type": "custom_tool_call_output", "call_id": call_id, "output": "p" * size}
+    elif kind == "local_shell_call":
+        action = {"type": "exec", "command": ["ls", text], "env": {}}
+        call = {"type": kind, "id": f"ls_{name}", "call_id": call_id, "action": action,
+                "status": "completed"}  # fmt: skip
+        out = {"type": "local_shell_call_output", "id": call_id, "output": "l" * size}
+    elif kind == "computer_call":
+        action = {"type": "click", "button": "left", "x": size, "y": 1}
+        call = {"type": kind, "id": f"cu_{name}", "call_id": call_id, "action": action,
+                "pending_safety_checks": [], "status": "completed"}  # fmt: skip
+        screenshot = {"type": "computer_screenshot", "image_url": "data:image/png;base64,AAAA"}
+        out = {"type": "computer_call_output", "call_id": call_id, "output": screenshot}
+    elif kind == "shell_call":
+        action = {"commands": ["ls", text], "timeout_ms": 1000}
+        call = {"type": kind, "id": f"sh_{name}", "call_id": call_id, "action": action,
+                "status": "completed"}  # fmt: skip
+        chunk = {"stdout": "s" * size, "stderr": "", "outcome": {"type": "exit", "exit_code": 0}}
+        out = {"type": "shell_call_output", "call_id": call_id, "output": [chunk]}
+    elif kind == "apply_patch_call":
+        operation = {"type": "update_file", "path": "a.py", "diff": text}
+        call = {"type": kind, "id": f"ap_{name}", "call_id": call_id, "operation": operation,
+                "status": "completed"}  # fmt: skip
+        out = {"type": "apply_patch_call_output", "call_id": call_id, "status": "completed",
+               "output": "a" * size}  # fmt: skip
+    elif kind == "mcp_approval_request":
+        call = {"type": kind, "id": call_id, "name": "fetch", "arguments": text,
+                "server_label": "docs"}  # fmt: skip
+        out = {"type": "mcp_approval_response", "approval_request_id": call_id, "approve": True}
+    elif kind == "tool_search_call":
+        call = {"type": kind, "id": f"ts_{name}", "call_id": call_id, "execution": "client",
+                "arguments": {"query": text}, "status": "completed"}  # fmt: skip
+        tool = {"type": "function", "name": "found", "parameters": {"type": "object"},
+                "description": "d" * size}  # fmt: skip
+        out = {"type": "tool_search_output", "id": f"tso_{name}", "call_id": call_id,
+               "execution": "client", "tools": [tool], "status": "completed"}  # fmt: skip
+    else:  # program
+        call = {"type": kind, "id": f"pg_{name}", "call_id": call_id, "code": text,
+                "fingerprint": "fp"}  # fmt: skip
+        out = {"type": "program_output", "id": f"pgo_{name}", "call_id": call_id,
+               "result": "r" * size, "status": "completed"}  # fmt: skip
+    return call, out
+
+
+# every client-executed call type but `function_call` (converted chats have those)
+EXTRA_CALLS = ("custom_tool_call", "local_shell_call", "computer_call", "shell_call",
+               "apply_patch_call", "mcp_approval_request", "tool_search_call", "program")  # fmt: skip
+
+
 @st.composite
 def extra_round(draw: st.DrawFn, k: int) -> list[dict[str, Any]]:
-    """A round of non-function calls (custom tool, local shell, computer, apply_patch), maybe
-    after a reasoning item, with outputs in any order and possibly interleaved."""
-    kinds = draw(
-        st.lists(
-            st.sampled_from(["custom_tool_call", "local_shell_call", "computer_call"]),
-            min_size=1,
-            max_size=3,
-        )
-    )
+    """A round of other client-executed calls (every such type the SDK defines), maybe after
+    a reasoning item, with outputs in any order and possibly interleaved."""
+    kinds = draw(st.lists(st.sampled_from(EXTRA_CALLS), min_size=1, max_size=3))
     calls: list[dict[str, Any]] = []
     outputs: list[dict[str, Any]] = []
     for m, kind in enumerate(kinds):
         call_id = draw(st.sampled_from(["call_a", "call_b"])) + str(m)  # ids repeat across rounds
-        size = draw(sizes())
-        if kind == "custom_tool_call":
-            calls.append({"type": kind, "call_id": call_id, "name": "patch", "input": draw(TEXT)})
-            output: Any = "p" * size
-            outputs.append(
-                {"type": "custom_tool_call_output", "call_id": call_id, "output": output}
-            )
-        elif kind == "local_shell_call":
-            action = {"type": "exec", "command": ["ls", draw(TEXT)], "env": {}}
-            calls.append(
-                {"type": kind, "id": f"ls_{k}_{m}", "call_id": call_id, "action": action,
-                 "status": "completed"}
-            )  # fmt: skip
-            outputs.append({"type": "local_shell_call_output", "id": call_id, "output": "l" * size})
-        else:
-            action = {"type": "click", "button": "left", "x": m, "y": k}
-            calls.append(
-                {"type": kind, "id": f"cu_{k}_{m}", "call_id": call_id, "action": action,
-                 "pending_safety_checks": [], "status": "completed"}
-            )  # fmt: skip
-            screenshot = {"type": "computer_screenshot", "image_url": "data:image/png;base64,AAAA"}
-            outputs.append(
-                {"type": "computer_call_output", "call_id": call_id, "output": screenshot}
-            )
+        call, out = _call_pair(kind, call_id, f"{k}_{m}", draw(sizes()), draw(TEXT))
+        calls.append(call)
+        outputs.append(out)
     order = draw(st.permutations(range(len(outputs))))
     items: list[dict[str, Any]] = []
     if draw(st.booleans()):
-        items.append(
-            {"type": "reasoning", "id": f"rs_x{k}", "summary": [], "encrypted_content": "e"}
-        )
+        items.append(reasoning_item(f"x{k}"))
     if draw(st.booleans()) and len(calls) > 1:  # interleaved: the first call answered at once
         items += [calls[0], outputs[0], *calls[1:], *(outputs[o] for o in order if o)]
     else:
@@ -286,23 +327,63 @@ def extra_round(draw: st.DrawFn, k: int) -> list[dict[str, Any]]:
     return items
 
 
+def _other(kind: str, k: int, text: str, size: int) -> dict[str, Any]:
+    """An item of `kind` that is neither a message, a reasoning item, nor a client call or its
+    output, shaped as the SDK's params."""
+    status = {"status": "completed"}
+    if kind == "web_search_call":
+        return {"type": kind, "id": f"ws_{k}", **status,
+                "action": {"type": "search", "query": text}}  # fmt: skip
+    if kind == "file_search_call":
+        result = {"file_id": "file_1", "filename": "a.md", "score": 0.5, "text": "f" * size}
+        return {"type": kind, "id": f"fs_{k}", "queries": [text], "results": [result], **status}
+    if kind == "image_generation_call":
+        return {"type": kind, "id": f"ig_{k}", "result": "iVBORw0KGgo" + "A" * size, **status}
+    if kind == "code_interpreter_call":
+        outputs = [{"type": "logs", "logs": "c" * size}]
+        return {"type": kind, "id": f"ci_{k}", "code": text, "container_id": "cntr_1",
+                "outputs": outputs, **status}  # fmt: skip
+    if kind == "mcp_call":
+        return {"type": kind, "id": f"mcp_{k}", "name": "fetch", "arguments": "{}",
+                "server_label": "docs", "output": "m" * size, **status}  # fmt: skip
+    if kind == "mcp_list_tools":
+        tool = {"name": "fetch", "input_schema": {"type": "object"}, "description": text}
+        return {"type": kind, "id": f"mcpl_{k}", "server_label": "docs", "tools": [tool]}
+    if kind == "item_reference":
+        return {"type": kind, "id": f"msg_ref{k}"}
+    if kind == "untyped_reference":  # the SDK's `type` is optional on an item reference
+        return {"id": f"msg_ref{k}"}
+    if kind == "additional_tools":
+        tool = {"type": "function", "name": f"late_{k}", "parameters": {"type": "object"}}
+        return {"type": kind, "role": "developer", "tools": [tool]}
+    # configuration_update
+    return {"type": kind, "id": f"cfg_{k}", "reasoning": {"effort": "low"}, "text": {}}
+
+
+OTHER_ITEMS = ("web_search_call", "file_search_call", "image_generation_call",
+               "code_interpreter_call", "mcp_call", "mcp_list_tools", "item_reference",
+               "untyped_reference", "additional_tools", "configuration_update")  # fmt: skip
+# produced by the model, so a reasoning item may precede them
+MODEL_MADE = ("web_search_call", "file_search_call", "image_generation_call",
+              "code_interpreter_call", "mcp_call", "mcp_list_tools")  # fmt: skip
+
+
 @st.composite
-def other_item(draw: st.DrawFn, k: int) -> dict[str, Any]:
-    """An item the model produced upstream (a web search), kept or dropped alone."""
-    query = draw(TEXT)
-    return {
-        "type": "web_search_call",
-        "id": f"ws_{k}",
-        "status": "completed",
-        "action": {"type": "search", "query": query},
-    }
+def other_items(draw: st.DrawFn, k: int) -> list[dict[str, Any]]:
+    """An item of every other type the SDK defines (a web search, a file search, an item
+    reference…), kept or dropped whole; one the model made maybe after a reasoning item."""
+    kind = draw(st.sampled_from(OTHER_ITEMS))
+    item = _other(kind, k, draw(TEXT), draw(sizes()))
+    chain = draw(st.integers(0, 2)) if kind in MODEL_MADE else 0
+    return [*(reasoning_item(f"o{k}_{r}") for r in range(chain)), item]
 
 
 @st.composite
 def item_lists(draw: st.DrawFn) -> dict[str, Any]:
     """A Responses request: a generated chat conversation as items (instructions or a system
-    item, shorthand or typed messages, reasoning before calls), with rounds of other call kinds
-    and server-side items mixed in at random places."""
+    item, shorthand or typed messages, reasoning before calls), with rounds of the other call
+    kinds and items of every other type (`extra_round`, `other_items`) mixed in at random
+    places. Server-side history (`compaction`…) is left out: it is forwarded as received."""
     messages = draw(conversations())
     body = request_body(
         messages,
@@ -311,7 +392,7 @@ def item_lists(draw: st.DrawFn) -> dict[str, Any]:
         reasoning=draw(st.booleans()),
     )
     items = body["input"]
-    extra = draw(st.integers(0, 3))
+    extra = draw(st.integers(0, 4))
     for k in range(extra):
         # after a complete request point (never inside a round of calls)
         points = request_points(items)
@@ -320,6 +401,6 @@ def item_lists(draw: st.DrawFn) -> dict[str, Any]:
         at = draw(st.sampled_from(points))
         if at == 0:
             continue
-        insert = draw(st.one_of(extra_round(k), other_item(k).map(lambda x: [x])))
+        insert = draw(st.one_of(extra_round(k), other_items(k)))
         items[at:at] = insert
     return body

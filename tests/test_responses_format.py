@@ -96,6 +96,7 @@ def check(body: dict[str, Any], pipeline: Any, window: int, runner: Runner = pla
     for k, item in enumerate(out[:-1]):
         if item_kind(item) == "reasoning":
             assert same_item(items[where[id(item)] + 1], out[k + 1])
+    check_reasoning_kept_with_its_item(items, origins(out_body, body, result, conversation))
     # 2. pinned head kept (instructions and the head items: the same objects; the summary may
     # be folded into the first user item as an extra part after its own content)
     assert out_body.get("instructions") is body.get("instructions")
@@ -140,6 +141,37 @@ def check(body: dict[str, Any], pipeline: Any, window: int, runner: Runner = pla
     # 6. role order kept
     if follows_strict_rule(items):
         assert follows_strict_rule(out)
+
+
+def origins(
+    out_body: Mapping[str, Any],
+    body: Mapping[str, Any],
+    result: CompactionResult,
+    conversation: ResponsesConversation,
+) -> list[int | None]:
+    """For each forwarded item, the index of the received item it is (or rewrites); None for
+    one the proxy made (the summary)."""
+    if out_body is body:
+        return list(range(len(body["input"])))
+    found: list[int | None] = []
+    for source in result.sources:
+        found.extend([None] if source is None else conversation.groups[source])
+    assert len(found) == len(out_body["input"])
+    return found
+
+
+def check_reasoning_kept_with_its_item(
+    items: Sequence[Mapping[str, Any]], found: Sequence[int | None]
+) -> None:
+    """A reasoning item and the item right after it (whatever its type) are forwarded both,
+    still adjacent, or neither."""
+    for k, o in enumerate(found):
+        if o is None:
+            continue
+        if item_kind(items[o]) == "reasoning" and o + 1 < len(items):
+            assert found[k + 1 : k + 2] == [o + 1], f"input[{o}] lost what followed it"
+        if o > 0 and item_kind(items[o - 1]) == "reasoning":
+            assert found[k - 1 : k] == [o - 1], f"input[{o}] lost its reasoning item"
 
 
 def check_cache_stability(
@@ -244,22 +276,39 @@ def test_reused_ids_pair_within_their_round_only() -> None:
     assert kinds[4] == (True, "assistant")
 
 
-def test_a_reasoning_item_goes_with_the_call_or_message_it_preceded() -> None:
+def test_a_reasoning_item_goes_with_the_item_it_preceded_whatever_its_type() -> None:
     reasoning = {
         "type": "reasoning",
         "id": "rs",
         "summary": [{"type": "summary_text", "text": "t"}],
     }
     answer = {"role": "assistant", "content": "done"}
-    items = [USER, reasoning, call("a"), output("a"), reasoning, answer, reasoning, USER]
+    search = {"type": "web_search_call", "id": "ws", "status": "completed",
+              "action": {"type": "search", "query": "q"}}  # fmt: skip
+    items = [USER, reasoning, call("a"), output("a"), reasoning, answer, reasoning, reasoning,
+             search, reasoning, {"type": "item_reference", "id": "msg_1"}, reasoning, USER,
+             reasoning]  # fmt: skip
     conversation = FORMAT.conversation({"model": "m", "input": items})
-    assert conversation.groups == ((0,), (1, 2), (3,), (4, 5), (6,), (7,))
+    assert conversation.groups == (
+        (0,), (1, 2), (3,), (4, 5), (6, 7, 8), (9, 10), (11, 12), (13,),
+    )  # fmt: skip
     assert conversation.messages[1]["reasoning_content"] == "t"
     assert conversation.messages[3] == {
         "role": "assistant",
         "content": "done",
         "reasoning_content": "t",
     }
+    assert conversation.messages[4]["role"] == "web_search_call"
+    assert conversation.messages[4]["reasoning_content"] == "t\nt"
+
+
+def test_an_untyped_item_with_an_id_is_an_item_reference() -> None:
+    """The SDK's `ItemReference` has an optional `type`: `{"id": ...}` alone is one (it was a
+    400, "has neither a type nor a role")."""
+    conversation = FORMAT.conversation({"model": "m", "input": [USER, {"id": "msg_1"}, USER]})
+    assert conversation.messages[1]["role"] == "item_reference"
+    with pytest.raises(BadRequest):
+        FORMAT.conversation({"model": "m", "input": [USER, {"id": 7}]})
 
 
 @pytest.mark.parametrize(

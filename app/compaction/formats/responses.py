@@ -7,14 +7,16 @@ One view message per group of items, in order:
   as it is — the counter and the strategies read those parts like chat's;
 - a tool round is an assistant message whose `tool_calls` are the round's call items
   (`function_call`, `custom_tool_call`, `local_shell_call`, `computer_call`, `shell_call`,
-  `apply_patch_call`, `mcp_approval_request`), followed by one `tool` message per output item.
+  `apply_patch_call`, `mcp_approval_request`, `tool_search_call`, `program`), followed by one
+  `tool` message per output item.
   Calls and outputs are found by position — the run of calls, then their outputs, each
   matched by `call_id` among the calls of this round only (real transcripts reuse ids) — and
   the round goes on while a call is still unanswered, so interleaved calls and outputs of one
   turn stay one unit;
-- a `reasoning` item goes with the item it preceded (a call round or an assistant message):
-  carried inside that view message, never separated from it;
-- any other item (`web_search_call`, `item_reference`, …) is a message of its own, alone.
+- a `reasoning` item (or a run of them) goes with the item it preceded, whatever its type (a
+  call round, a message, a `web_search_call`…): carried inside that view message, never
+  separated from it (OpenAI rejects a reasoning item without its following item);
+- any other item (`web_search_call`, `item_reference`, …) is a message of its own.
 
 The pinned head is `instructions` (in `fixed`, counted with the tools), then the leading
 system/developer items and the first user item, exactly as for chat.
@@ -67,6 +69,8 @@ CALLS: dict[str, CallKind] = {
     "mcp_approval_request": CallKind(
         "mcp_approval_response", "id", ("approval_request_id",), ("arguments",)
     ),
+    "tool_search_call": CallKind("tool_search_output", "call_id", ("call_id",), ("arguments",)),
+    "program": CallKind("program_output", "call_id", ("call_id",), ("code",)),
 }
 OUTPUTS: dict[str, str] = {kind.output: call for call, kind in CALLS.items()}
 # Items that stand for history the proxy cannot see or must not touch: forwarded as received.
@@ -87,22 +91,27 @@ class ResponsesConversation(Conversation):
 
 
 def _kind(item: Mapping[str, Any]) -> str:
-    """`message` for a message item (typed, or shorthand with a role), else its type."""
+    """`message` for a message item (typed, or shorthand with a role), `item_reference` for an
+    untyped one with only an id (the SDK's `type` is optional there), else its type."""
     kind = item.get("type")
-    return "message" if kind is None else str(kind)
+    if kind is None:
+        return "item_reference" if item.get("role") is None else "message"
+    return str(kind)
 
 
 def _check(items: list[Any]) -> None:
-    """400 naming the first item that is not an object, or has neither `type` nor `role`."""
+    """400 naming the first item that is not an object, or has neither `type`, `role` nor
+    `id`."""
     for i, item in enumerate(items):
         if not isinstance(item, dict):
             raise BadRequest(f"input[{i}] must be an object", param=f"input[{i}]")
         kind, role = item.get("type"), item.get("role")
-        if kind is None and role is None:
+        if kind is None and role is None and not isinstance(item.get("id"), str):
             raise BadRequest(f"input[{i}] has neither a type nor a role", param=f"input[{i}]")
         if kind is not None and not isinstance(kind, str):
             raise BadRequest(f"input[{i}].type must be a string", param=f"input[{i}].type")
-        if kind in (None, "message") and not isinstance(role, str):
+        is_message = kind == "message" or (kind is None and role is not None)
+        if is_message and not isinstance(role, str):
             raise BadRequest(f"input[{i}].role must be a string", param=f"input[{i}].role")
 
 
@@ -144,23 +153,20 @@ class _Grouping:
             i += 1
         return i
 
-    def is_assistant(self, i: int) -> bool:
-        return self.kind(i) == "message" and self.items[i].get("role") == "assistant"
-
     def walk(self) -> None:
         i, n = 0, len(self.items)
         while i < n:
             j = self.after_reasoning(i)
             if self.kind(j) in CALLS:
                 i = self.round(i)
-            elif j < n and self.is_assistant(j):
-                self.groups.append(tuple(range(i, j + 1)))
-                i = j + 1
-            else:
-                if self.kind(i) in OUTPUTS and self.orphan is None:
-                    self.orphan = i
-                self.groups.append((i,))
-                i += 1
+                continue
+            if self.kind(j) in OUTPUTS and self.orphan is None:
+                self.orphan = j
+            # reasoning goes with the item it preceded, whatever its type (OpenAI rejects a
+            # reasoning item without its following item); a trailing run is one group
+            end = min(j + 1, n)
+            self.groups.append(tuple(range(i, end)))
+            i = end
 
     def round(self, start: int) -> int:
         """Group the call round starting at `start`; returns where the next group starts."""

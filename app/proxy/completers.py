@@ -1,19 +1,66 @@
-"""Summary requests through the upstream client: a `Completer` for a chat client's summaries
-and one for a Messages client's (sent to Anthropic's API and read back as a chat completion)."""
+"""Summary requests through the upstream client, each asked through the API of the request it
+serves (chat, Responses, Messages) in the shape its model family accepts, and read back as the
+chat completion the summariser parses (DESIGN.md §12)."""
 
 from __future__ import annotations
 
+import logging
+import re
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 import orjson
 
 from app.errors import UpstreamTimeout, UpstreamUnavailable
+from app.lru import BoundedLRU
 from app.proxy.headers import filter_request_headers
 from app.proxy.sse_tap import Usage
 from app.proxy.upstream import Upstream, read_all
+from app.usage.summary_stats import SummaryStats
 from app.windows.table import Route
+
+logger = logging.getLogger(__name__)
+
+Shape = Literal["classic", "reasoning"]
+SHAPES: tuple[Shape, ...] = ("classic", "reasoning")
+# OpenAI's reasoning families reject `temperature` and chat's `max_tokens`; their hidden
+# reasoning counts against the output limit, so they get this many tokens more.
+_REASONING = re.compile(r"^(o\d|gpt-5|codex)", re.IGNORECASE)
+REASONING_ALLOWANCE = 4096
+_REJECTED = frozenset({400, 422})  # what an upstream answers a request of the wrong shape
+
+
+def reasoning_model(model: str) -> bool:
+    """Whether `model` (`openai/o3-mini`, `gpt-5-codex`, …) is of an OpenAI reasoning family."""
+    return bool(_REASONING.match(model.rsplit("/", 1)[-1]))
+
+
+class SummaryShapes:
+    """Which shape a summary request to (URL, model) takes: its family's first; once the
+    upstream rejected a shape for its form (400/422), never that one again for that model —
+    the rejection logged once with the upstream's message and counted (`rejected_shape`)."""
+
+    def __init__(self, stats: SummaryStats, capacity: int = 1024) -> None:
+        self._stats = stats
+        self._rejected: BoundedLRU[tuple[str, str], frozenset[Shape]] = BoundedLRU(capacity)
+
+    def order(self, url: str, model: str) -> list[Shape]:
+        """The shapes still to try, the likeliest first."""
+        first: Shape = "reasoning" if reasoning_model(model) else "classic"
+        ordered = [first, *(shape for shape in SHAPES if shape != first)]
+        rejected = self._rejected.get((url, model)) or frozenset()
+        return [shape for shape in ordered if shape not in rejected]
+
+    def reject(self, url: str, model: str, shape: Shape, status: int, content: bytes) -> None:
+        key = (url, model)
+        self._rejected.put(key, (self._rejected.get(key) or frozenset()) | {shape})
+        self._stats.failed("rejected_shape")
+        message = content[:300].decode("utf-8", "replace")
+        logger.warning(
+            "summary request in the %s shape rejected by %s for %s (HTTP %d): %s; not sent "
+            "in that shape again", shape, url, model, status, message,
+        )  # fmt: skip
 
 _SUMMARY_HEADERS = frozenset(
     {"authorization", "api-key", "x-api-key", "openai-organization", "openai-project"}
@@ -26,18 +73,92 @@ def summary_completer(
     client_headers: Mapping[str, str],
     deadline: float,
     route: Route | None = None,
+    shapes: SummaryShapes | None = None,
 ) -> Callable[[dict[str, Any]], Awaitable[tuple[int, bytes]]]:
-    """A `Completer` for summary requests: the model's route (or `route`: the summary upstream),
-    the client's credentials (or the configured upstream key), a bounded deadline; transport
-    failures become `SummaryFailed`."""
+    """A `Completer` for a chat client's summaries (`/chat/completions`): the model's route (or
+    `route`: the summary upstream), the client's credentials (or the route's key), a bounded
+    deadline; transport failures become `SummaryFailed`."""
     route = route or upstream.route(model)
-    headers = filter_request_headers(
+    url = upstream.url(route, "/chat/completions")
+    send = _sender(upstream, url, _openai_headers(route, client_headers), deadline)
+    return _shaped(send, url, model, shapes, _chat_body, lambda status, content: content)
+
+
+def responses_summary_completer(
+    upstream: Upstream,
+    model: str,
+    client_headers: Mapping[str, str],
+    deadline: float,
+    shapes: SummaryShapes | None = None,
+) -> Callable[[dict[str, Any]], Awaitable[tuple[int, bytes]]]:
+    """A `Completer` for a Responses client's summaries, asked of `/responses` (models such as
+    `gpt-5-codex` are served there alone): `instructions`-free `input`, `max_output_tokens`,
+    `store: false`; the answer read back as a chat completion."""
+    route = upstream.route(model)
+    url = upstream.url(route, "/responses")
+    send = _sender(upstream, url, _openai_headers(route, client_headers), deadline)
+    return _shaped(send, url, model, shapes, _responses_body, _response_as_chat_completion)
+
+
+def _openai_headers(route: Route, client_headers: Mapping[str, str]) -> list[tuple[str, str]]:
+    return filter_request_headers(
         [(k, v) for k, v in client_headers.items() if k.lower() in _SUMMARY_HEADERS],
         api_key=route.api_key,
         identity=True,
     )
-    url = upstream.url(route, "/chat/completions")
-    return _completer(upstream, url, headers, deadline, lambda status, content: content)
+
+
+def _chat_body(body: dict[str, Any], shape: Shape) -> dict[str, Any]:
+    """The summariser's chat body in `shape`: as built (`max_tokens`, `temperature`), or for a
+    reasoning model (`max_completion_tokens` with room to reason, no `temperature`)."""
+    if shape == "classic":
+        return body
+    shaped = {k: v for k, v in body.items() if k not in ("max_tokens", "temperature")}
+    shaped["max_completion_tokens"] = int(body.get("max_tokens") or 0) + REASONING_ALLOWANCE
+    return shaped
+
+
+def _responses_body(body: dict[str, Any], shape: Shape) -> dict[str, Any]:
+    """The summariser's chat body as a Responses request in `shape`."""
+    limit = int(body.get("max_tokens") or 0)
+    shaped: dict[str, Any] = {
+        "model": body["model"],
+        "input": [
+            {"role": m["role"], "content": m["content"]} for m in body.get("messages", [])
+        ],
+        "store": False,
+        "stream": False,
+    }
+    if shape == "classic":
+        shaped["max_output_tokens"] = limit
+        shaped["temperature"] = body.get("temperature", 0)
+    else:
+        shaped["max_output_tokens"] = limit + REASONING_ALLOWANCE
+    return shaped
+
+
+def _response_as_chat_completion(status: int, content: bytes) -> bytes:
+    """A Responses answer as a chat completion (its output text, its usage); errors as they
+    are. An answer with no output text stays as it is, and the summariser rejects it."""
+    if status >= 400:
+        return content
+    try:
+        response = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        return content
+    output = response.get("output") if isinstance(response, dict) else None
+    if not isinstance(output, list):
+        return content
+    parts = [
+        part
+        for item in output
+        if isinstance(item, dict) and item.get("type") == "message"
+        for part in _list(item.get("content"))
+    ]
+    texts = [part.get("text") for part in parts if isinstance(part, dict)]
+    text = "".join(t for t in texts if isinstance(t, str))
+    usage = Usage.from_json(response.get("usage")) or Usage()
+    return _chat_completion(text, usage)
 
 
 _ANTHROPIC_HEADERS = frozenset(
@@ -63,7 +184,8 @@ def anthropic_summary_completer(
     if not any(k.lower() == "anthropic-version" for k, _ in headers):
         headers.append(("anthropic-version", ANTHROPIC_VERSION))
     url = upstream.url(route, "/messages")
-    return _completer(upstream, url, headers, deadline, _as_chat_completion)
+    send = _sender(upstream, url, headers, deadline)
+    return _shaped(send, url, model, None, lambda body, shape: body, _as_chat_completion)
 
 
 def _as_chat_completion(status: int, content: bytes) -> bytes:
@@ -81,6 +203,14 @@ def _as_chat_completion(status: int, content: bytes) -> bytes:
         b["text"] for b in blocks if isinstance(b, dict) and isinstance(b.get("text"), str)
     )
     usage = Usage.from_anthropic(message.get("usage")) or Usage()
+    return _chat_completion(text, usage)
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _chat_completion(text: str, usage: Usage) -> bytes:
     return orjson.dumps(
         {
             "choices": [{"message": {"role": "assistant", "content": text}}],
@@ -92,28 +222,52 @@ def _as_chat_completion(status: int, content: bytes) -> bytes:
     )
 
 
-def _completer(
-    upstream: Upstream,
+Send = Callable[[dict[str, Any]], Awaitable[tuple[int, bytes]]]
+
+
+def _shaped(
+    send: Send,
     url: str,
-    headers: list[tuple[str, str]],
-    deadline: float,
+    model: str,
+    shapes: SummaryShapes | None,
+    shape_body: Callable[[dict[str, Any], Shape], dict[str, Any]],
     convert: Callable[[int, bytes], bytes],
 ) -> Callable[[dict[str, Any]], Awaitable[tuple[int, bytes]]]:
+    """A completer that sends the summariser's body in the first shape the upstream has not
+    rejected for `model`, and on a rejection for its form (400/422) at once in the next."""
+
+    async def complete(body: dict[str, Any]) -> tuple[int, bytes]:
+        order = shapes.order(url, model) if shapes is not None else list(SHAPES[:1])
+        status, content = 0, b""
+        for shape in order or list(SHAPES[:1]):
+            status, content = await send(shape_body(body, shape))
+            if status not in _REJECTED or shapes is None or not order:
+                break
+            shapes.reject(url, model, shape, status, content)
+        return status, convert(status, content)
+
+    return complete
+
+
+def _sender(
+    upstream: Upstream, url: str, headers: list[tuple[str, str]], deadline: float
+) -> Send:
+    """One bounded POST of a JSON body: (status, body bytes); transport failures and the
+    deadline become `SummaryFailed`."""
     from app.compaction.summary.prompt import SummaryFailed
 
     headers = [*headers, ("content-type", "application/json")]
 
-    async def complete(body: dict[str, Any]) -> tuple[int, bytes]:
+    async def send(body: dict[str, Any]) -> tuple[int, bytes]:
         try:
             with anyio.fail_after(deadline):  # a total deadline, not per read
                 response = await upstream.send(
                     "POST", url, headers, orjson.dumps(body), deadline=deadline, client=False
                 )
-                status = response.status_code
-                return status, convert(status, await read_all(response))
+                return response.status_code, await read_all(response)
         except TimeoutError as exc:
             raise SummaryFailed(f"summariser took longer than {deadline:g}s") from exc
         except (UpstreamTimeout, UpstreamUnavailable) as exc:
             raise SummaryFailed(exc.message) from exc
 
-    return complete
+    return send

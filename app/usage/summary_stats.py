@@ -37,9 +37,15 @@ class BackgroundCounts:
     made: int = 0
     failed: int = 0
     skipped: dict[str, int] = field(default_factory=dict)  # not made here, by reason
+    # how each one started: `immediate` (upstream not gated, or idle), `waited` (for an idle
+    # moment), `forced` (the bounded wait ran out under sustained load: it ran anyway)
+    starts: dict[str, int] = field(default_factory=dict)
 
     def skip(self, reason: str) -> None:
         self.skipped[reason] = self.skipped.get(reason, 0) + 1
+
+    def started(self, how: str) -> None:
+        self.starts[how] = self.starts.get(how, 0) + 1
 
     def snapshot(self) -> dict[str, Any]:
         return {
@@ -48,6 +54,7 @@ class BackgroundCounts:
             "made": self.made,
             "failed": self.failed,
             "skipped": dict(self.skipped),
+            "started": dict(self.starts),
         }
 
 
@@ -64,6 +71,13 @@ class SummaryStats:
     # for, and the requests one stood in for (on every replica's choice)
     partial_events: int = 0
     partial_requests: int = 0
+    # forwarded requests whose compaction cut a span, by what stood for it: `summary` (its own
+    # or a prefix's, cached or made for it), `pending` (none ready yet: served without),
+    # `failed` (backed off after a failure, or too many waiting)
+    stand_ins: dict[str, int] = field(default_factory=dict)
+
+    def stood(self, state: str) -> None:
+        self.stand_ins[state] = self.stand_ins.get(state, 0) + 1
 
     def failed(self, reason: str) -> None:
         self.failures[reason] = self.failures.get(reason, 0) + 1
@@ -82,6 +96,7 @@ class SummaryStats:
             "since": round(self.since, 3),
             "background": self.background.snapshot(),
             "partial": {"events": self.partial_events, "requests": self.partial_requests},
+            "stand_ins": dict(self.stand_ins),
         }
 
 

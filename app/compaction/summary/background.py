@@ -4,18 +4,20 @@ A request never waits for a summary made here: it is served without it (`pending
 summary stands in from the first request after it is cached. The work is bounded: one task
 per span (`key`) in this process, and across replicas the cache's lock (a replica that finds
 the span locked leaves it to the holder); at most `concurrency` summaries run at once, at
-most `max_tasks` wait; a summary starts only when its upstream has no client request in flight
-(`idle`, when given), waiting for that at most `idle_wait` seconds; once started it runs to
-completion — only `aclose` (shutdown) cancels it. Failures are counted and backed off by
-`Summaries` as for a request's own summary; no exception is lost (each is logged and counted).
+most `max_tasks` wait. On an upstream that serves one request at a time (`gated`) a summary
+prefers a moment with no client request in flight (`idle`), but waits for one at most
+`idle_wait` seconds and then runs anyway, so sustained load cannot starve it. Once started it
+runs to completion; only `aclose` (shutdown) cancels it. No exception is lost.
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any
 
@@ -39,19 +41,22 @@ class BackgroundSummaries:
         *,
         concurrency: int = 1,
         idle: Callable[[str], bool] | None = None,
-        idle_wait: float = 600.0,
+        idle_wait: float = 2.0,
+        gated: Callable[[str], Awaitable[bool]] | None = None,
         max_tasks: int = 1_000,
         on_usage: Callable[[SummaryJob], None] | None = None,
         stats: SummaryStats | None = None,
     ) -> None:
         self._summaries = summaries
-        self._slots = asyncio.Semaphore(concurrency)
+        self._slots = _Slots(concurrency)
         self._idle = idle
         self._idle_wait = idle_wait
+        self._gated = gated
         self._max_tasks = max_tasks
         self._on_usage = on_usage
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._waiting: dict[str, bool] = {}  # key -> made ahead of its event, until it starts
+        self._since: dict[str, float] = {}  # key -> when its conversation's summary began to wait
         self._started: set[str] = set()
         self._predicting: set[asyncio.Task[None]] = set()  # next events being worked out
         self._closing = False
@@ -90,6 +95,7 @@ class BackgroundSummaries:
         key = keys[-1][1]
         if self.pending(key):
             return True
+        since = time.monotonic()
         for _, shorter in keys[:-1]:
             was_ahead = self._waiting.get(shorter)
             if shorter in keep:
@@ -98,11 +104,14 @@ class BackgroundSummaries:
                 del self._waiting[shorter]
                 self._tasks[shorter].cancel()
                 self.counts.skip("superseded")
+                # the conversation has waited since then: superseding never restarts the wait
+                since = min(since, self._since.get(shorter, since))
         if self.full():
             self.counts.skip("full")
             return False
         self.counts.queued += 1
         self._waiting[key] = ahead
+        self._since[key] = since
         task = asyncio.create_task(self._run(job, keys), name=f"summary {key[:12]}")
         self._tasks[key] = task
         task.add_done_callback(partial(self._done, key))
@@ -135,10 +144,9 @@ class BackgroundSummaries:
 
     async def _run(self, job: SummaryJob, keys: list[tuple[int, str]]) -> None:
         key = keys[-1][1]
-        async with self._slots:
-            if not await self._until_idle(job.upstream):
-                self.counts.skip("busy")
-                return
+        since = self._since.get(key, time.monotonic())
+        async with self._slots.taken(since):
+            await self._until_idle(job.upstream, since)
             self._waiting.pop(key, None)
             self._started.add(key)
             self.counts.queued -= 1
@@ -152,6 +160,7 @@ class BackgroundSummaries:
         """A task ended (made, skipped, failed, cancelled — maybe before it ever ran)."""
         del self._tasks[key]
         self._waiting.pop(key, None)
+        self._since.pop(key, None)
         if key in self._started:
             self._started.discard(key)
         else:
@@ -164,25 +173,32 @@ class BackgroundSummaries:
             self.stats.failed("error")
             logger.error("background summary task failed", exc_info=task.exception())
 
-    async def _until_idle(self, upstream: str) -> bool:
-        """Wait (bounded) until `upstream` has had no client request in flight for a moment
-        (`IDLE_SETTLE`): an upstream goes idle as its answer leaves it, while the answer is
-        still on its way to the client, whose next request (an agent's tool round) may follow
-        at once; a summary started in that gap would queue in front of it."""
-        if self._idle is None:
-            return True
-        deadline = time.monotonic() + self._idle_wait
+    async def _until_idle(self, upstream: str, since: float) -> None:
+        """On a gated upstream, wait (at most `idle_wait`) until it has had no client request
+        in flight for a moment (`IDLE_SETTLE`): an upstream goes idle as its answer leaves it,
+        while the answer is still on its way to the client, whose next request (an agent's tool
+        round) may follow at once; a summary started in that gap would queue in front of it.
+        The wait runs from `since` (its conversation's first summary submitted). Counted:
+        `immediate` (not gated, or idle at once), `waited`, `forced` (ran busy)."""
+        idle = self._idle
+        if idle is None or (self._gated is not None and not await self._gated(upstream)):
+            self.counts.started("immediate")
+            return
+        start = time.monotonic()
+        deadline = since + self._idle_wait  # waiting for a slot counts too
         quiet_since: float | None = None
         while True:
             now = time.monotonic()
-            if not self._idle(upstream):
+            if not idle(upstream):
                 quiet_since = None
             elif quiet_since is None:
                 quiet_since = now
             elif now - quiet_since >= IDLE_SETTLE:
-                return True
+                self.counts.started("waited" if quiet_since > start else "immediate")
+                return
             if now >= deadline:
-                return False
+                self.counts.started("forced")
+                return
             await asyncio.sleep(IDLE_POLL)
 
     async def _make(self, job: SummaryJob, keys: list[tuple[int, str]]) -> None:
@@ -215,6 +231,47 @@ class BackgroundSummaries:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class _Slots:
+    """At most `n` summaries at once, handed out oldest wait first (`since`), so a summary
+    superseded by its conversation's longer one keeps its place in the line: under load a
+    fast conversation would otherwise go to the back on every event and never get one."""
+
+    def __init__(self, n: int) -> None:
+        self._free = n
+        self._line: list[tuple[float, int, asyncio.Future[None]]] = []
+        self._order = 0
+
+    @asynccontextmanager
+    async def taken(self, since: float) -> AsyncIterator[None]:
+        if self._free > 0 and not self._line:
+            self._free -= 1
+        else:
+            self._order += 1
+            ticket = (since, self._order, asyncio.get_running_loop().create_future())
+            heapq.heappush(self._line, ticket)
+            try:
+                await ticket[2]
+            except asyncio.CancelledError:
+                if ticket[2].done() and not ticket[2].cancelled():
+                    self._release()  # handed a slot as it was cancelled: pass it on
+                elif ticket in self._line:
+                    self._line.remove(ticket)
+                    heapq.heapify(self._line)
+                raise
+        try:
+            yield
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        while self._line:
+            _, _, waiter = heapq.heappop(self._line)
+            if not waiter.done():
+                waiter.set_result(None)  # the slot passes straight to the oldest waiter
+                return
+        self._free += 1
 
 
 def _answered(complete: CountedCompleter) -> bool:

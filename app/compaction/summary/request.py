@@ -261,7 +261,13 @@ class RequestSummaries:
     async def stand_in(self, asked: Asked, job: SummaryJob) -> StandIn:
         """The summary of `job`'s span for this request: cached (its own, or the partial
         stand-in chosen for it); else, in wait mode, made now; else being made in the
-        background (`pending`) — or `failed`, backed off."""
+        background (`pending`) — or `failed`, backed off. Counted when forwarded."""
+        stand = await self._stand_in(asked, job)
+        if asked.forwarded and self.background is not None:
+            self.background.stats.stood("summary" if stand.text is not None else stand.state)
+        return stand
+
+    async def _stand_in(self, asked: Asked, job: SummaryJob) -> StandIn:
         summaries, background = self._summaries, self.background
         keys = summaries.keys(job)
         if asked.wait or background is None:

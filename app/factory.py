@@ -54,7 +54,7 @@ from app.usage.ledger import Ledger, ledger_mode
 from app.usage.metrics import Metrics
 from app.usage.recording import records_for, summary_records
 from app.usage.records import UsageQueue, UsageRecord, UsageStore
-from app.usage.stores import open_store
+from app.usage.stores import open_store, spill_file
 from app.usage.summary_stats import CountedCompleter, SummaryStats
 from app.windows.discovery import discover_window
 from app.windows.registry import WindowRegistry
@@ -236,7 +236,12 @@ def create_app(
     summary_stats = SummaryStats()
     meter = CostMeter(PriceTable.load(settings.config_file("prices.toml")))
     store = store if store is not None else open_store(settings.database_url)
-    queue = UsageQueue(store)
+    queue = UsageQueue(
+        store,
+        max_pending=settings.usage_queue_max,
+        spill=spill_file(settings.database_url, settings.usage_spill_path),
+        spill_after=settings.usage_spill_after,
+    )
     metrics = Metrics(lambda: queue.depth, counter.calibration_factors, summary_stats)
 
     submit, on_done = _recording(counter, meter, metrics, queue)

@@ -102,6 +102,13 @@ class Settings(BaseSettings):
     summary_partial: float = Field(0.5, ge=0, le=1)
     # Nothing lost (DESIGN.md §11).
     ledger: LedgerMode = LedgerMode.META
+    # Usage records (and ledger rows) waiting in memory for the store, at most; a batch the store
+    # keeps refusing this many seconds goes, with what waits behind it, to the spill file (JSON
+    # lines; unset: next to the SQLite file, or `./inflight-usage-spill.jsonl`), written to the
+    # store when it is back and at startup.
+    usage_queue_max: int = Field(20_000, ge=1)
+    usage_spill_after: float = Field(10.0, gt=0)
+    usage_spill_path: Path | None = None
     ledger_ttl: float = Field(24 * 3600.0, gt=0)  # seconds a ledger row is kept
     restore: bool = False  # offer the model `inflight_restore` (X-Compaction-Restore)
     protect_tools: Annotated[tuple[str, ...], NoDecode] = ()  # outputs never pruned/truncated

@@ -27,17 +27,51 @@ def _bin() -> str | None:
     return os.path.dirname(found[-1]) if found else None
 
 
+class Cluster:
+    """A cluster this process started: stopped and started again on the same port by fault
+    tests (a database restart)."""
+
+    def __init__(self, prefix: list[str], bindir: str, root: str, port: int) -> None:
+        self._prefix = prefix
+        self._bindir = bindir
+        self._root = root
+        self.port = port
+        self.url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
+
+    def _ctl(self, *args: str) -> None:
+        subprocess.run(
+            [*self._prefix, f"{self._bindir}/pg_ctl", "-D", os.path.join(self._root, "data"),
+             *args],
+            check=True, capture_output=True, timeout=120,
+        )  # fmt: skip
+
+    def start(self) -> None:
+        self._ctl(
+            "-w", "-t", "60", "-l", os.path.join(self._root, "log"),
+            "-o", f"-p {self.port} -k {self._root} -c listen_addresses=127.0.0.1 -c fsync=off",
+            "start",
+        )  # fmt: skip
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def stop(self, mode: str = "fast") -> None:
+        """`fast`: clients are disconnected, the server shuts down cleanly (a restart)."""
+        self._ctl("-w", "-t", "60", "-m", mode, "stop")
+
+
 @contextmanager
-def postgres_url() -> Iterator[str]:
-    configured = os.environ.get("INFLIGHT_TEST_POSTGRES_URL")
-    if configured:
-        yield configured
-        return
+def postgres_cluster() -> Iterator[Cluster]:
+    """A fresh cluster (skip when the binaries are missing)."""
     bindir = _bin()
     if bindir is None:
-        pytest.skip(
-            "no PostgreSQL binaries (apt-get install postgresql) and no INFLIGHT_TEST_POSTGRES_URL"
-        )
+        pytest.skip("no PostgreSQL binaries (apt-get install postgresql)")
     prefix: list[str] = []
     if os.geteuid() == 0:
         if shutil.which("runuser") is None:
@@ -47,30 +81,31 @@ def postgres_url() -> Iterator[str]:
     data = os.path.join(root, "data")
     if prefix:
         shutil.chown(root, user="postgres")
-    port = free_port()
-    run = lambda *args: subprocess.run(  # noqa: E731
-        [*prefix, *args], check=True, capture_output=True, timeout=120
-    )
+    cluster = Cluster(prefix, bindir, root, free_port())
     try:
-        run(f"{bindir}/initdb", "-D", data, "-A", "trust", "-U", "postgres", "--no-sync")
-        run(
-            f"{bindir}/pg_ctl", "-D", data, "-w", "-t", "60", "-l", os.path.join(root, "log"),
-            "-o", f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off",
-            "start",
+        subprocess.run(
+            [*prefix, f"{bindir}/initdb", "-D", data, "-A", "trust", "-U", "postgres", "--no-sync"],
+            check=True, capture_output=True, timeout=120,
         )  # fmt: skip
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-        yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
+        cluster.start()
+        yield cluster
     finally:
         subprocess.run(
             [*prefix, f"{bindir}/pg_ctl", "-D", data, "-m", "immediate", "stop"],
             capture_output=True, timeout=60, check=False,
         )  # fmt: skip
         shutil.rmtree(root, ignore_errors=True)
+
+
+@contextmanager
+def postgres_url() -> Iterator[str]:
+    configured = os.environ.get("INFLIGHT_TEST_POSTGRES_URL")
+    if configured:
+        yield configured
+        return
+    if _bin() is None:
+        pytest.skip(
+            "no PostgreSQL binaries (apt-get install postgresql) and no INFLIGHT_TEST_POSTGRES_URL"
+        )
+    with postgres_cluster() as cluster:
+        yield cluster.url

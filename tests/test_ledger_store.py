@@ -86,8 +86,10 @@ async def test_a_version_3_store_gains_the_ledger_table(tmp_path: Path) -> None:
     store = open_store(f"sqlite:///{path}")
     await store.open()
     await store.close()
-    with sqlite3.connect(path) as conn:
+    with sqlite3.connect(path) as conn:  # as version 3 left it: no ledger, no record ids
         conn.execute("DROP TABLE inflight_ledger")
+        conn.execute("DROP INDEX inflight_usage_id")
+        conn.execute("ALTER TABLE inflight_usage DROP COLUMN id")
         conn.execute("UPDATE inflight_schema SET version = 3")
     await check_ledger_rows(open_store(f"sqlite:///{path}"))
     with sqlite3.connect(path) as conn:
@@ -110,7 +112,8 @@ async def test_postgres_ledger_rows_and_migration(pg: str) -> None:
     await first.open()
     await first.close()
     async with await psycopg.AsyncConnection.connect(pg, autocommit=True) as conn:
-        await conn.execute("DROP TABLE inflight_ledger")
+        await conn.execute("DROP TABLE inflight_ledger")  # as version 3 left it
+        await conn.execute("ALTER TABLE inflight_usage DROP COLUMN id")  # (its index too)
         await conn.execute("UPDATE inflight_schema SET version = 3")
     await check_ledger_rows(open_store(pg))
     async with await psycopg.AsyncConnection.connect(pg, autocommit=True) as conn:

@@ -4,7 +4,8 @@ Every chat request the proxy answers becomes one `UsageRecord` — including tho
 itself (`outcome="rejected"`) — each summary call one more (`kind="summary"`), and each request
 relayed by a passthrough route one (`kind="passthrough"`, counted apart from chat).
 `UsageQueue.submit` never waits: records go to an in-memory queue, a background task writes
-them in batches, and `close()` flushes what is left on shutdown.
+them in batches, spills to a file what the store cannot take in time, and `close()` flushes what
+is left on shutdown.
 """
 
 from __future__ import annotations
@@ -13,11 +14,15 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from app.usage.ledger import LedgerRow
+
+if TYPE_CHECKING:
+    from app.usage.stores.spill import SpillFile
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +68,9 @@ class UsageRecord:
     cache_write_tokens: int | None = None  # prompt tokens written to the cache (Anthropic)
     cost: float | None = None  # USD at list price (DESIGN.md §9); None: the model is unpriced
     baseline_cost: float | None = None  # USD the same request would have cost uncompacted
+    # The record's own id (a request's summary calls share its `request_id`): a record written
+    # twice (a retry after a lost acknowledgement, a spill replayed) is stored once.
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
 Item = UsageRecord | LedgerRow  # what the write queue carries
@@ -103,16 +111,21 @@ LINGER = 0.02
 class UsageQueue:
     """Batches records to the store in the background; loses nothing on a clean shutdown.
 
-    While the store is down (a PostgreSQL restart, a locked disk) the writer keeps the batch in
-    hand and retries with a capped backoff, so an outage costs no records as long as fewer than
-    `max_pending` requests arrive meanwhile; past that, new records are counted in `dropped`
-    rather than let memory grow without end. At shutdown the flush makes `retries` attempts per
-    batch and counts what still fails in `failed`.
+    While the store is down (a PostgreSQL restart, a locked or full disk) the writer keeps the
+    batch in hand and retries with a capped backoff. With a `spill` file, a batch still failing
+    after `spill_after` seconds (or sooner, once half of `max_pending` records wait behind it)
+    is appended to the file with everything queued, and the file is written to the store again
+    after the next write that succeeds (and when the writer starts): records wait in memory for
+    at most about `spill_after` seconds, and an outage of any length loses none of them. Without
+    a spill file an outage costs nothing as long as fewer than `max_pending` records arrive
+    meanwhile. Past `max_pending` waiting, new records are counted in `dropped` rather than let
+    memory grow without end. At shutdown the flush makes `retries` attempts per batch, spills
+    what still fails, and counts in `failed` what could not even be spilled.
 
-    Ledger rows (DESIGN.md §11) travel the same way; until one is written, `unwritten` finds it,
-    so a client reads its ledger on this replica the moment its response has been sent. Rows
-    that keep originals (`INFLIGHT_LEDGER=full`) also count their bytes: past
-    `max_ledger_bytes` waiting, new ones are dropped and counted too.
+    Ledger rows (DESIGN.md §11) travel the same way; until one is written (or spilled),
+    `unwritten` finds it, so a client reads its ledger on this replica the moment its response
+    has been sent. Rows that keep originals (`INFLIGHT_LEDGER=full`) also count their bytes:
+    past `max_ledger_bytes` waiting, new ones are dropped and counted too.
     """
 
     def __init__(
@@ -126,6 +139,8 @@ class UsageQueue:
         max_backoff: float = 5.0,
         max_ledger_bytes: int = 256 * 1024 * 1024,
         linger: float = LINGER,
+        spill: SpillFile | None = None,
+        spill_after: float = 10.0,
     ) -> None:
         self._store = store
         self._linger = linger
@@ -137,6 +152,11 @@ class UsageQueue:
         self._retries = retries
         self._retry_delay = retry_delay
         self._max_backoff = max_backoff
+        self._spill = spill
+        self._spill_after = spill_after
+        self._crowd = max(1, max_pending // 2)  # this many waiting: spill without waiting more
+        self._crowded = asyncio.Event()
+        self._spilled = False  # the spill file may hold items to replay
         self._task: asyncio.Task[None] | None = None
         self._in_hand: list[Item] = []  # the batch being written, kept across retries
         self._unwritten: dict[str, LedgerRow] = {}  # ledger rows queued, not written yet
@@ -145,6 +165,8 @@ class UsageQueue:
         self.written = 0
         self.failed = 0
         self.dropped = 0
+        self.spilled = 0  # items appended to the spill file
+        self.replayed = 0  # items read back from it and written
 
     @property
     def depth(self) -> int:
@@ -165,6 +187,8 @@ class UsageQueue:
             self.dropped += 1
             if self.dropped == 1 or self.dropped % 10_000 == 0:
                 logger.error("usage queue full: %d records dropped so far", self.dropped)
+        if self._queue.qsize() >= self._crowd:
+            self._crowded.set()
 
     def _hold(self, row: LedgerRow) -> None:
         size = row.size
@@ -174,7 +198,7 @@ class UsageQueue:
         self._unwritten[row.id] = row
 
     def _release(self, items: Sequence[Item]) -> None:
-        """Forget ledger rows written (or given up on)."""
+        """Forget ledger rows written, spilled (or given up on)."""
         for item in items:
             if isinstance(item, LedgerRow) and self._unwritten.pop(item.id, None) is not None:
                 self._ledger_bytes -= item.size
@@ -183,16 +207,31 @@ class UsageQueue:
         self._task = asyncio.create_task(self._run(), name="inflight-usage-writer")
 
     async def _run(self) -> None:
+        if self._spill is not None:  # a spill file left by an earlier run: written first
+            self._spilled = await asyncio.to_thread(self._spill.pending)
+            if self._spilled:
+                await self._replay()
         while True:
             if not self._in_hand:
-                self._in_hand = [await self._queue.get()]  # in hand: `close` writes it
+                first = await self._next(self._spill_after if self._spilled else None)
+                if first is None:  # idle with a spill file: try it again
+                    await self._replay()
+                    continue
+                self._in_hand = [first]  # in hand: `close` writes it
                 if time.monotonic() - self._last_write < self._linger:
                     # under steady traffic: let the records of the next few ms join this batch
                     # (one transaction, one worker-thread hop for all of them)
                     await asyncio.sleep(self._linger)
                 self._in_hand = self._drain(self._in_hand[0])
-            await self._write(attempts=None)
+            await self._write_or_spill()
             self._last_write = time.monotonic()
+
+    async def _next(self, within: float | None) -> Item | None:
+        """The next queued item; None if none came `within` seconds."""
+        try:
+            return await asyncio.wait_for(self._queue.get(), within)
+        except TimeoutError:
+            return None
 
     def _drain(self, first: Item) -> list[Item]:
         batch = [first]
@@ -203,35 +242,75 @@ class UsageQueue:
                 break
         return batch
 
-    async def _write(self, attempts: int | None) -> bool:
-        """Write the batch in hand: until it succeeds (`attempts=None`) or `attempts` times."""
-        attempt = 0
-        while True:
-            self._idle.clear()
-            try:
-                await self._write_batch()
-            except Exception as exc:  # noqa: BLE001 - any store failure: retry, then count it
-                attempt += 1
-                logger.warning(
-                    "usage write of %d records failed (attempt %d): %s",
-                    len(self._in_hand),
-                    attempt,
-                    exc,
-                )
-                if attempts is not None and attempt >= attempts:
-                    return False
-                await asyncio.sleep(min(self._retry_delay * 2 ** (attempt - 1), self._max_backoff))
-            else:
-                self._in_hand = []
-                return True
-            finally:
-                self._idle.set()
+    def _take_all(self) -> list[Item]:
+        items: list[Item] = []
+        while not self._queue.empty():
+            items.append(self._queue.get_nowait())
+        return items
 
-    async def _write_batch(self) -> None:
+    async def _write_or_spill(self) -> None:
+        """Write the batch in hand, retrying until it succeeds or, with a spill file, until it
+        is time to spill it (and the queue behind it)."""
+        attempt = 0
+        spill_at = time.monotonic() + self._spill_after
+        watch_crowd = True
+        while not await self._attempt(attempt):
+            attempt += 1
+            if self._spill is not None:
+                due = time.monotonic() >= spill_at or (watch_crowd and self._crowded.is_set())
+                if due and await self._spill_held():
+                    return
+                if due:  # the spill file failed too: keep retrying, spill again later
+                    spill_at = time.monotonic() + self._spill_after
+                    watch_crowd = False
+            delay = min(self._retry_delay * 2 ** (attempt - 1), self._max_backoff)
+            if self._spill is not None:
+                delay = min(delay, max(0.0, spill_at - time.monotonic()))
+            await self._pause(delay, watch_crowd and self._spill is not None)
+        if self._spilled:
+            await self._replay()
+
+    async def _pause(self, delay: float, crowd: bool) -> None:
+        """Sleep `delay` seconds, or less if the queue gets crowded (when `crowd`)."""
+        if not crowd:
+            await asyncio.sleep(delay)
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._crowded.wait(), delay)
+
+    async def _attempt(self, failures: int) -> bool:
+        """One attempt at writing the batch in hand (True: written)."""
+        self._idle.clear()
+        try:
+            await self._write_items(self._in_hand)
+        except Exception as exc:  # noqa: BLE001 - any store failure: retry, then spill or count it
+            logger.warning(
+                "usage write of %d records failed (attempt %d): %s",
+                len(self._in_hand),
+                failures + 1,
+                exc,
+            )
+            return False
+        else:
+            self._in_hand = []
+            return True
+        finally:
+            self._idle.set()
+
+    async def _write(self, attempts: int) -> bool:
+        """Write the batch in hand, at most `attempts` times."""
+        for attempt in range(attempts):
+            if await self._attempt(attempt):
+                return True
+            if attempt + 1 < attempts:
+                await asyncio.sleep(min(self._retry_delay * 2**attempt, self._max_backoff))
+        return False
+
+    async def _write_items(self, items: Sequence[Item]) -> None:
         """Ledger rows first (idempotent: a retry after the records failed rewrites nothing),
-        then the usage records."""
-        rows = [item for item in self._in_hand if isinstance(item, LedgerRow)]
-        records = [item for item in self._in_hand if not isinstance(item, LedgerRow)]
+        then the usage records (idempotent too, by their ids)."""
+        rows = [item for item in items if isinstance(item, LedgerRow)]
+        records = [item for item in items if not isinstance(item, LedgerRow)]
         if rows:
             await self._store.write_ledger(rows)
             self._release(rows)
@@ -239,8 +318,64 @@ class UsageQueue:
             await self._store.write_many(records)
         self.written += len(records)
 
+    async def _spill_held(self) -> bool:
+        """Append the batch in hand and everything queued to the spill file (True: done, and
+        they survive the process from now on)."""
+        assert self._spill is not None
+        queued = self._take_all()
+        items = self._in_hand + queued
+        self._idle.clear()
+        try:
+            await asyncio.to_thread(self._spill.append, items)
+        except OSError as exc:
+            logger.error("cannot spill %d usage records: %s", len(items), exc)
+            self._requeue(queued)
+            return False
+        finally:
+            self._idle.set()
+        logger.warning("usage store unavailable: %d records spilled", len(items))
+        self._release(items)
+        self.spilled += len(items)
+        self._spilled = True
+        self._in_hand = []
+        self._crowded.clear()
+        return True
+
+    def _requeue(self, items: Sequence[Item]) -> None:
+        for item in items:
+            try:
+                self._queue.put_nowait(item)
+            except asyncio.QueueFull:
+                self._release([item])
+                self.dropped += 1
+
+    async def _replay(self) -> bool:
+        """Write what the spill file holds to the store (True: all of it, the file is gone)."""
+        assert self._spill is not None
+        spill = self._spill
+        self._idle.clear()
+        try:
+            while (path := await asyncio.to_thread(spill.take)) is not None:
+                batches = spill.batches(path, self._max_batch)
+                try:
+                    while (batch := await asyncio.to_thread(_next_batch, batches)) is not None:
+                        await self._write_items(batch)
+                        self.replayed += len(batch)
+                finally:
+                    batches.close()
+                await asyncio.to_thread(spill.done, path)
+                logger.info("usage spill file %s written to the store", path)
+        except Exception as exc:  # noqa: BLE001 - the store failed again: the file stays
+            logger.warning("usage spill file not replayed yet: %s", exc)
+            return False
+        finally:
+            self._idle.set()
+        self._spilled = False
+        return True
+
     async def close(self) -> None:
-        """Stop the writer and flush every queued record (a bounded number of attempts each)."""
+        """Stop the writer and flush every queued record (a bounded number of attempts each,
+        then the spill file)."""
         if self._task is not None:
             # A write in flight may finish in its thread even if cancelled: let it end first,
             # or its batch would be written twice (bounded: a hung store gets 30 s).
@@ -253,10 +388,17 @@ class UsageQueue:
         while self._in_hand or not self._queue.empty():
             if not self._in_hand:
                 self._in_hand = self._drain(self._queue.get_nowait())
-            if not await self._write(attempts=self._retries):
-                self.failed += len(self._in_hand)
-                self._release(self._in_hand)
-                logger.error(
-                    "dropped %d usage records after %d attempts", len(self._in_hand), self._retries
-                )
-                self._in_hand = []
+            if await self._write(attempts=self._retries):
+                continue
+            if self._spill is not None and await self._spill_held():
+                continue
+            self.failed += len(self._in_hand)
+            self._release(self._in_hand)
+            logger.error(
+                "dropped %d usage records after %d attempts", len(self._in_hand), self._retries
+            )
+            self._in_hand = []
+
+
+def _next_batch(batches: Iterator[list[Item]]) -> list[Item] | None:
+    return next(batches, None)

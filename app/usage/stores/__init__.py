@@ -3,7 +3,21 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from app.errors import ProxyError
 from app.usage.records import UsageStore
+from app.usage.stores.spill import SpillFile
+
+
+class StoreUnavailable(ProxyError):
+    """The usage store cannot be reached right now (a database restarting, a locked or full
+    disk): `/stats` and the ledger answer 503 until it is back; writes are retried and spilled
+    by the queue."""
+
+    status_code = 503
+    error_type = "server_error"
+    code = "store_unavailable"
 
 
 def open_store(url: str) -> UsageStore:
@@ -20,3 +34,16 @@ def open_store(url: str) -> UsageStore:
 
         return PostgresStore(url)
     raise ValueError(f"unsupported database URL scheme: {url.split(':', 1)[0]}")
+
+
+def spill_file(database_url: str, configured: Path | None) -> SpillFile | None:
+    """The spill file of the write queue (None when usage is not stored): `configured`, else
+    `<file>.spill.jsonl` next to a SQLite file, else `./inflight-usage-spill.jsonl`."""
+    if database_url == "none":
+        return None
+    if configured is not None:
+        return SpillFile(configured)
+    path = database_url.removeprefix("sqlite:///") if database_url.startswith("sqlite:") else ""
+    if path and path != ":memory:":
+        return SpillFile(Path(path).with_name(Path(path).name + ".spill.jsonl"))
+    return SpillFile(Path("inflight-usage-spill.jsonl"))

@@ -1,10 +1,15 @@
-"""PostgreSQL usage store, for several replicas sharing one database (`postgresql://…`)."""
+"""PostgreSQL usage store, for several replicas sharing one database (`postgresql://…`).
+
+One connection, serialised by a lock (batches make that plenty), opened again on the next call
+after it broke: a database restart costs the calls made while it is down (a 503 for a read, a
+retry for the write queue), never the store itself."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 
 import psycopg
@@ -12,64 +17,96 @@ import psycopg
 from app.pricing.report import add_costs
 from app.usage.ledger import LedgerRow
 from app.usage.records import UsageRecord
-from app.usage.stores import sql
+from app.usage.stores import StoreUnavailable, sql
+
+CONNECT_TIMEOUT = 5  # seconds; a database that does not answer is unavailable, not awaited
+
+# What a lost or refused connection raises (a restart, a network cut, a server shutting down).
+LOST = (psycopg.OperationalError, psycopg.InterfaceError)
 
 
 class PostgresStore:
-    """One async connection, serialised by a lock; batches make that plenty."""
+    """`postgresql://…` or `postgres://…`."""
 
     def __init__(self, url: str) -> None:
         self._url = url
         self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._opened = False
         self._lock = asyncio.Lock()
 
+    async def _connect(self) -> psycopg.AsyncConnection[Any]:
+        return await psycopg.AsyncConnection.connect(
+            self._url, autocommit=True, connect_timeout=CONNECT_TIMEOUT
+        )
+
     async def open(self) -> None:
-        if self._conn is not None:
+        if self._opened:
             return
-        self._conn = await psycopg.AsyncConnection.connect(self._url, autocommit=True)
-        async with self._lock, self._conn.transaction():
+        conn = await self._connect()
+        try:
+            await self._create_schema(conn)
+        except BaseException:
+            await conn.close()
+            raise
+        self._conn = conn
+        self._opened = True
+
+    async def _create_schema(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        async with self._lock, conn.transaction():
             # One replica at a time creates or migrates the schema.
-            await self._conn.execute("SELECT pg_advisory_xact_lock(7241)")
+            await conn.execute("SELECT pg_advisory_xact_lock(7241)")
             for statement in sql.CREATE:
-                await self._conn.execute(statement)
-            cursor = await self._conn.execute("SELECT MAX(version) FROM inflight_schema")
+                await conn.execute(statement)
+            cursor = await conn.execute("SELECT MAX(version) FROM inflight_schema")
             row = await cursor.fetchone()
             version = row[0] if row is not None else None
             if version is None:
-                await self._conn.execute(
+                await conn.execute(
                     "INSERT INTO inflight_schema (version) VALUES (%s)", (sql.SCHEMA_VERSION,)
                 )
-            for statement in sql.migrations_from(version or sql.SCHEMA_VERSION):
-                await self._conn.execute(statement)
-            await self._conn.execute(sql.delete_expired_sql("%s"), (time.time(),))
+            for statement in [*sql.migrations_from(version or sql.SCHEMA_VERSION), *sql.INDEXES]:
+                await conn.execute(statement)
+            await conn.execute(sql.delete_expired_sql("%s"), (time.time(),))
 
-    def _connection(self) -> psycopg.AsyncConnection[Any]:
-        if self._conn is None:
+    @asynccontextmanager
+    async def _session(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """The connection, alone (opened again if it broke); a lost connection is dropped and
+        the call raises `StoreUnavailable`."""
+        if not self._opened:
             raise RuntimeError("store not open")
-        return self._conn
+        async with self._lock:
+            try:
+                if self._conn is None or self._conn.closed or self._conn.broken:
+                    await self._discard()
+                    self._conn = await self._connect()
+                yield self._conn
+            except LOST as exc:
+                await self._discard()
+                raise StoreUnavailable("the usage store is unavailable") from exc
+
+    async def _discard(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None and not conn.closed:
+            await conn.close()
 
     async def write_many(self, records: Sequence[UsageRecord]) -> None:
-        conn = self._connection()
-        async with self._lock, conn.transaction(), conn.cursor() as cursor:
+        async with self._session() as conn, conn.transaction(), conn.cursor() as cursor:
             await cursor.executemany(sql.insert_sql("%s"), sql.rows(records))
 
     async def write_ledger(self, rows: Sequence[LedgerRow]) -> None:
         values = await asyncio.to_thread(sql.ledger_rows, rows)  # full originals: MBs of JSON
-        conn = self._connection()
-        async with self._lock, conn.transaction(), conn.cursor() as cursor:
+        async with self._session() as conn, conn.transaction(), conn.cursor() as cursor:
             await cursor.execute(sql.delete_expired_sql("%s"), (time.time(),))
             await cursor.executemany(sql.insert_ledger_sql("%s"), values)
 
     async def read_ledger(self, ledger_id: str, owner: str, now: float) -> bytes | None:
-        conn = self._connection()
-        async with self._lock:
+        async with self._session() as conn:
             cursor = await conn.execute(sql.read_ledger_sql("%s"), (ledger_id, owner, now))
             found = await cursor.fetchone()
         return None if found is None else str(found[0]).encode()
 
     async def totals(self) -> dict[str, Any]:
-        conn = self._connection()
-        async with self._lock:
+        async with self._session() as conn:
             groups = await (await conn.execute(sql.TOTALS)).fetchall()
             strategies = await (await conn.execute(sql.STRATEGIES)).fetchall()
             recent = await (await conn.execute(sql.RECENT)).fetchall()
@@ -77,23 +114,22 @@ class PostgresStore:
         return add_costs(sql.summarize(groups, strategies, recent), costs)
 
     async def activity(self, since: float, bucket: int, recent: int) -> dict[str, Any]:
-        conn = self._connection()
         series = sql.series_sql("%s", "FLOOR(ts / %s) * %s")
         latest = sql.RECENT_REQUESTS.format(placeholder="%s")
-        async with self._lock:
+        async with self._session() as conn:
             buckets = await (await conn.execute(series, (bucket, bucket, since))).fetchall()
             rows = await (await conn.execute(latest, (recent,))).fetchall()
         return sql.activity(buckets, rows)
 
     async def ping(self) -> bool:
         try:
-            async with self._lock:
-                await self._connection().execute("SELECT 1")
-        except (psycopg.Error, RuntimeError):
+            async with self._session() as conn:
+                await conn.execute("SELECT 1")
+        except (psycopg.Error, StoreUnavailable, RuntimeError):
             return False
         return True
 
     async def close(self) -> None:
-        if self._conn is not None:
-            await self._conn.close()
-            self._conn = None
+        async with self._lock:
+            await self._discard()
+        self._opened = False

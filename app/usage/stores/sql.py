@@ -4,7 +4,8 @@ Schema versions: 1 had no `route`; 2 adds `route` (the client's route: `/v1/chat
 for chat records, `/v1/<api>` for passthrough records, empty for summary calls); 3 adds
 `cache_write_tokens`, `cost` and `baseline_cost` (USD, DESIGN.md §9; NULL: unpriced model);
 4 adds the `inflight_ledger` table (DESIGN.md §11: one row per compacted request, its JSON
-document, its owner and expiry).
+document, its owner and expiry); 5 adds `id`, each record's own id under a unique index, so a
+batch written again (a retry after a lost acknowledgement, a spill file replayed) adds nothing.
 """
 
 from __future__ import annotations
@@ -15,13 +16,13 @@ from typing import Any
 from app.usage.ledger import LedgerRow
 from app.usage.records import APIS, UsageRecord, api_of
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 COLUMNS = (
     "ts", "request_id", "kind", "model", "client_key_id", "stream", "status", "outcome",
     "latency_ms", "ttfb_ms", "prompt_tokens", "completion_tokens", "cached_tokens",
     "tokens_before", "tokens_after", "strategies", "context_limit", "route",
-    "cache_write_tokens", "cost", "baseline_cost",
+    "cache_write_tokens", "cost", "baseline_cost", "id",
 )  # fmt: skip
 
 CREATE_LEDGER = [
@@ -57,7 +58,8 @@ CREATE = [
         route TEXT,
         cache_write_tokens BIGINT,
         cost DOUBLE PRECISION,
-        baseline_cost DOUBLE PRECISION
+        baseline_cost DOUBLE PRECISION,
+        id TEXT
     )""",
     "CREATE INDEX IF NOT EXISTS inflight_usage_ts ON inflight_usage (ts)",
     "CREATE INDEX IF NOT EXISTS inflight_usage_model ON inflight_usage (model)",
@@ -75,7 +77,11 @@ MIGRATIONS: dict[int, list[str]] = {
         "ALTER TABLE inflight_usage ADD COLUMN baseline_cost DOUBLE PRECISION",
     ],
     4: CREATE_LEDGER,
+    5: ["ALTER TABLE inflight_usage ADD COLUMN id TEXT"],
 }
+# Run after the migrations (a table older than version 5 has no `id` column before them). Rows
+# from before version 5 have a NULL id, which a unique index allows any number of times.
+INDEXES = ["CREATE UNIQUE INDEX IF NOT EXISTS inflight_usage_id ON inflight_usage (id)"]
 
 
 def migrations_from(version: int) -> list[str]:
@@ -88,8 +94,12 @@ def migrations_from(version: int) -> list[str]:
 
 
 def insert_sql(placeholder: str) -> str:
+    """Insert a record; one whose id is already there (written before) is skipped."""
     values = ", ".join([placeholder] * len(COLUMNS))
-    return f"INSERT INTO inflight_usage ({', '.join(COLUMNS)}) VALUES ({values})"
+    return (
+        f"INSERT INTO inflight_usage ({', '.join(COLUMNS)}) VALUES ({values}) "
+        "ON CONFLICT (id) DO NOTHING"
+    )
 
 
 def insert_ledger_sql(placeholder: str) -> str:
@@ -150,6 +160,7 @@ def rows(records: Sequence[UsageRecord]) -> list[tuple[Any, ...]]:
             _int(r.cache_write_tokens),
             r.cost,
             r.baseline_cost,
+            r.id,
         )
         for r in records
     ]

@@ -12,7 +12,7 @@ from typing import Any
 from app.pricing.report import add_costs
 from app.usage.ledger import LedgerRow
 from app.usage.records import UsageRecord
-from app.usage.stores import sql
+from app.usage.stores import StoreUnavailable, sql
 
 
 class SQLiteStore:
@@ -40,7 +40,7 @@ class SQLiteStore:
                 conn.execute(
                     "INSERT INTO inflight_schema (version) VALUES (?)", (sql.SCHEMA_VERSION,)
                 )
-            for statement in sql.migrations_from(row[0] or sql.SCHEMA_VERSION):
+            for statement in [*sql.migrations_from(row[0] or sql.SCHEMA_VERSION), *sql.INDEXES]:
                 conn.execute(statement)
             conn.execute(sql.delete_expired_sql("?"), (time.time(),))
             conn.execute("COMMIT")
@@ -56,7 +56,10 @@ class SQLiteStore:
     def _run(self, work: Any) -> Any:
         with self._lock:
             assert self._conn is not None, "store not open"
-            return work(self._conn)
+            try:
+                return work(self._conn)
+            except sqlite3.OperationalError as exc:  # locked, full, I/O error: not the request
+                raise StoreUnavailable(f"the usage store is unavailable: {exc}") from exc
 
     async def write_many(self, records: Sequence[UsageRecord]) -> None:
         def write(conn: sqlite3.Connection) -> None:
@@ -113,7 +116,7 @@ class SQLiteStore:
 
         try:
             return bool(await asyncio.to_thread(self._run, probe))
-        except (sqlite3.Error, AssertionError):
+        except (sqlite3.Error, StoreUnavailable, AssertionError):
             return False
 
     async def close(self) -> None:

@@ -1,6 +1,8 @@
 """Hostile input and secrets: fuzzed bodies and headers always get an OpenAI-shaped 4xx or a
-correct relay; keys never leak into logs, errors, /stats or /metrics; nothing a client sends
-can redirect the upstream."""
+correct relay; every field the adapters read, set to a value of any JSON type on every route
+(restore and streaming on and off), gets the upstream's answer or a 400 in the route's
+envelope; keys never leak into logs, errors, /stats or /metrics; nothing a client sends can
+redirect the upstream."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from hypothesis import strategies as st
 from app.factory import create_app
 from tests.conftest import make_settings
 from tests.fake_upstream import FakeUpstream
+from tests.hostile_fields import SWITCHES, Case, Route, cases, fuzzed_proxy, problem, send
 
 pytestmark = pytest.mark.anyio
 
@@ -174,6 +177,44 @@ async def test_a_block_type_that_is_not_a_string_is_never_a_500(
     object there raised TypeError (found by the fuzzer above)."""
     body = {"model": "m", "messages": [{"role": "user", "content": [{"type": kind}]}]}
     check_response(await guarded.post(path, content=orjson.dumps(body)))
+
+
+@pytest.mark.parametrize(("route", "restore", "stream"), SWITCHES)
+@settings(
+    max_examples=25,  # ~5 s for the twelve; `python -m bench.fuzz_fields` runs longer
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(data=st.data())
+async def test_hostile_fields_get_the_upstreams_answer_or_a_400(
+    tmp_path: Path, route: Route, restore: bool, stream: bool, data: st.DataObject
+) -> None:
+    """A well-formed request of each API with fields (top level, or in a message, item, part,
+    tool call or tool) set to null, a number, a string, an object, an array, a boolean or a
+    huge int, compacted at a small window: never a 500."""
+    case = data.draw(cases(route, restore, stream))
+    async with fuzzed_proxy(tmp_path) as client:
+        response = await send(client, case)
+    assert problem(case, response) is None, (problem(case, response), case)
+
+
+@pytest.mark.parametrize("call_id", [{"id": "c1"}, ["c1"], {}, []])
+async def test_a_tool_call_id_of_another_type_is_forwarded(tmp_path: Path, call_id: Any) -> None:
+    """A chat tool message whose `tool_call_id` is an object or an array, in a request that is
+    compacted (and ledgered): forwarded, where the ledger's cuts raised TypeError (a 500)."""
+    messages = [
+        {"role": "user", "content": "hi " * 200},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": call_id, "content": "x " * 3000},
+        {"role": "user", "content": "go " * 100},
+    ]  # fmt: skip
+    case = Case("/v1/chat/completions", {"model": "gpt-4o", "messages": messages}, False, False,
+                2048)  # fmt: skip
+    async with fuzzed_proxy(tmp_path) as client:
+        response = await send(client, case)
+    assert problem(case, response) is None
+    assert response.headers["x-compaction-applied"] != "none"
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,7 @@
 """Anthropic Messages bodies for the tests and the bench: Hypothesis strategies for valid
 conversations (tool rounds with parallel calls and text beside the results, thinking with
-signatures, images, nested tool-result blocks, breakpoints), and the shipped chat transcripts
+signatures, images, nested tool-result blocks, breakpoints, `role: "system"` messages inside
+`messages`), and the shipped chat transcripts
 converted to Messages form in Claude Code's shape (a breakpoint on the system prompt and on the
 last user message)."""
 
@@ -115,7 +116,30 @@ def anthropic_bodies(draw: st.DrawFn) -> dict[str, Any]:
             j = draw(st.integers(0, len(content) - 1))
             if _eligible(content[j]):
                 content[j] = {**content[j], **_mark()}
+    if draw(st.booleans()):
+        body["messages"] = draw(with_system_messages(messages))
     return body
+
+
+def _calls(message: Mapping[str, Any]) -> bool:
+    return any(isinstance(b, dict) and b.get("type") == "tool_use" for b in blocks(message))
+
+
+@st.composite
+def with_system_messages(draw: st.DrawFn, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`messages` with `role: "system"` messages inside, as Claude Code sends a non-Claude model
+    (its agent-types listing right after the first user message, later reminders): anywhere
+    after the first message but between a call and its answers, several in a row at times."""
+    places = [i for i in range(1, len(messages) + 1) if not _calls(messages[i - 1])]
+    chosen = draw(st.lists(st.sampled_from(places), min_size=1, max_size=4))
+    out: list[dict[str, Any]] = []
+    for i, message in enumerate(messages):
+        out.append(message)
+        for k in range(chosen.count(i + 1)):
+            text = draw(st.one_of(TEXT, st.just("Available agent types: " + "a" * 2000)))
+            content: Any = text if k % 2 == 0 else [{"type": "text", "text": text}]
+            out.append({"role": "system", "content": content})
+    return out
 
 
 def _mark() -> dict[str, Any]:

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.compaction.engine import SUMMARY_PREFIX, CompactionResult, compact
-from app.compaction.formats.messages import SKIP_SYSTEM_MESSAGE, MessagesFormat
+from app.compaction.formats.messages import MessagesFormat
 from app.compaction.formats.messages_rules import problems
 from app.compaction.formats.messages_view import MessagesConversation, build_view
 from app.compaction.policy import Budget, StrategyName
@@ -165,11 +165,33 @@ def is_summary(message: Mapping[str, Any]) -> bool:
     )
 
 
+def turns_only(body: Mapping[str, Any]) -> dict[str, Any]:
+    """`body` without its `role: "system"` messages (instructions: they take no turn)."""
+    return {**body, "messages": [m for m in body["messages"] if m.get("role") != "system"]}
+
+
+def check_system_messages(body: Mapping[str, Any], out: Mapping[str, Any]) -> None:
+    """`role: "system"` messages inside `messages` are pinned where they stand: every one is in
+    the output, the very object sent, in order among the kept messages, never between a call
+    and its answers."""
+    sent = [m for m in body["messages"] if m.get("role") == "system"]
+    shown = [m for m in out["messages"] if m.get("role") == "system"]
+    assert len(shown) == len(sent)
+    assert all(a is b for a, b in zip(shown, sent, strict=True))
+    where = {id(m): i for i, m in enumerate(body["messages"])}
+    order = [where[id(m)] for m in out["messages"] if id(m) in where]
+    assert order == sorted(order)
+    for before, message in zip(out["messages"], out["messages"][1:], strict=False):
+        if message.get("role") == "system":
+            assert not any(b.get("type") == "tool_use" for b in blocks(before))
+
+
 def check_all(body: dict[str, Any], pipeline: tuple[StrategyName, ...], window: int) -> None:
-    assert rule_violations(body) == []
+    assert rule_violations(turns_only(body)) == []
     budget = budget_for(window)
     out, result, conversation = compacted(body, pipeline, window)
-    assert rule_violations(out) == []  # Anthropic's rules
+    assert rule_violations(turns_only(out)) == []  # Anthropic's rules, turns alternating
+    check_system_messages(body, out)
     assert {k: v for k, v in out.items() if k != "messages"} == {
         k: v for k, v in body.items() if k != "messages"
     }
@@ -427,12 +449,44 @@ def test_a_bad_body_is_a_400_naming_the_field_only_when_it_must_be_rewritten(
     assert caught.value.param == param
 
 
-def test_a_mid_conversation_system_message_is_forwarded_as_received() -> None:
+def _exchange(k: int) -> list[dict[str, Any]]:
+    return [
+        {"role": "assistant", "content": [{"type": "text", "text": f"{k} " + "r" * 3000}]},
+        {"role": "user", "content": f"and {k}?"},
+    ]
+
+
+@pytest.mark.parametrize("pipeline", [("trim",), ("middle-out",), ("summarize",)])
+def test_system_messages_inside_messages_are_pinned_and_compacted_around(
+    pipeline: tuple[StrategyName, ...],
+) -> None:
+    """Claude Code 2.1 sends a non-Claude model `role: "system"` messages inside `messages`
+    (its agent-types listing at index 1, reminders later): the request was forwarded as
+    received, never compacted; now it is compacted around them, turns still alternating."""
+    listing = {"role": "system", "content": "Available agent types: " + "a" * 500}
+    reminder = {"role": "system", "content": [{"type": "text", "text": "answer in French"}]}
+    rounds = [_round(k, 3000) if k % 2 else _exchange(k) for k in range(12)]
+    body = _body(*rounds)
+    body["messages"][1:1] = [listing]
+    body["messages"][8:8] = [reminder]  # after a user turn, before an assistant turn
+    assert body["messages"][7]["role"] == "user"
+    out, result, _ = compacted(body, pipeline, 8192)
+    assert FORMAT.conversation(body).skip is None
+    assert result.plan.changed
+    assert len(out["messages"]) < len(body["messages"])
+    assert out["messages"][0] is body["messages"][0]
+    assert [m for m in out["messages"] if m["role"] == "system"] == [listing, reminder]
+    check_all(body, pipeline, 8192)
+
+
+def test_a_system_message_between_a_call_and_its_answers_is_a_400_when_rewritten() -> None:
     body = _body(*(_round(k, 3000) for k in range(9)))
-    body["messages"].insert(1, {"role": "system", "content": "from now on, answer in French"})
+    body["messages"].insert(2, {"role": "system", "content": "between"})
     conversation = FORMAT.conversation(body)
-    assert conversation.skip == SKIP_SYSTEM_MESSAGE
-    assert not conversation.messages
+    result = compact(conversation.messages, ("trim",), budget_for(8192), simple_count, 0)
+    with pytest.raises(BadRequest) as caught:
+        FORMAT.render(body, conversation, result.messages, result.sources)
+    assert caught.value.param == "messages.1.content.0"
 
 
 JSON = st.recursive(

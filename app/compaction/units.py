@@ -128,23 +128,35 @@ def spoken_role(message: Mapping[str, Any]) -> Any:
     return role
 
 
-def strict_prefix(messages: Sequence[Mapping[str, Any]]) -> int:
+def strict_prefix(messages: Sequence[Mapping[str, Any]], *, planning: bool = False) -> int:
     """How many leading messages follow the strict rule (DESIGN.md §4.6): one optional leading
     system message, then — ignoring tool results and assistant calls — user and assistant
-    alternating, starting with user. Once broken, no longer prefix follows it."""
-    return _strict_from(messages, 1 if messages and messages[0].get("role") == "system" else 0)
+    alternating, starting with user. Once broken, no longer prefix follows it. `planning`: what
+    the planner keeps, where a system or developer message after the first user message is an
+    instruction pinned where it stands (§3) that takes no turn, so the turns around it keep
+    alternating (Anthropic's rule, for the system messages Claude Code puts in `messages`)."""
+    start = 1 if messages and messages[0].get("role") == "system" else 0
+    return _strict_from(messages, start, planning=planning)
 
 
-def _strict_from(messages: Sequence[Mapping[str, Any]], start: int, expected: Any = "user") -> int:
+def _strict_from(
+    messages: Sequence[Mapping[str, Any]],
+    start: int,
+    expected: Any = "user",
+    *,
+    spoken: bool = False,
+    planning: bool = False,
+) -> int:
     """`strict_prefix` for messages that follow the rule up to `start`, where `expected` speaks
-    next."""
+    next (`spoken`: a user message came before `start`)."""
     for i in range(start, len(messages)):
         role = spoken_role(messages[i])
-        if role is None:
+        if role is None or (planning and spoken and role in HEAD_ROLES):
             continue
         if role != expected:
             return i
         expected = "assistant" if expected == "user" else "user"
+        spoken = True
     return len(messages)
 
 
@@ -196,7 +208,7 @@ class UnitRoles:
         head = pinned_head(messages, units)
         roles = [spoken_role(messages[u.start]) for u in units]
         turns = tuple(r if r in TURNS else None for r in roles)
-        strict_end = strict_prefix(messages)
+        strict_end = strict_prefix(messages, planning=True)
         return cls(
             units=units,
             head=head,
@@ -244,7 +256,7 @@ class UnitRoles:
         strict_end, strict_units = self.strict_end, self.strict_units
         if strict_end >= end:  # the strict rule held to the end: it goes on from there
             expected = "assistant" if self.last_turn[k] == "user" else "user"
-            strict_end = _strict_from(messages, end, expected)
+            strict_end = _strict_from(messages, end, expected, spoken=True, planning=True)
             strict_units = k + sum(1 for u in tail[1:] if u.end <= strict_end)
         return UnitRoles(
             units=self.units + tuple(tail[1:]),

@@ -3,8 +3,10 @@
 The view (`messages_view`) maps turns to chat-shaped view messages so the planner keeps a
 `tool_use` and its `tool_result`s together and the turns alternating; rendering
 (`messages_render`) puts the kept blocks back, untouched messages byte-identical, and moves the
-`cache_control` breakpoints of cut blocks. A body Anthropic would reject (`messages_rules`) is
-forwarded as sent unless compaction must rewrite it; then it is a 400 naming the field.
+`cache_control` breakpoints of cut blocks. A `role: "system"` message inside `messages` is an
+instruction pinned where it stands (§3), as later system messages are on chat. A body Anthropic
+would reject (`messages_rules`) is forwarded as sent unless compaction must rewrite it; then it
+is a 400 naming the field.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ from app.compaction.formats.messages_view import MessagesConversation, build_vie
 from app.errors import BadRequest
 
 FIXED_FIELDS = ("system", "tools", "tool_choice")
-SKIP_SYSTEM_MESSAGE = "a system message inside messages (forwarded as received)"
 
 
 class MessagesFormat:
@@ -35,10 +36,6 @@ class MessagesFormat:
         if not isinstance(messages, list):
             return MessagesConversation(messages=[], fixed=fixed)
         listed = [m if isinstance(m, Mapping) else {"content": [m]} for m in messages]
-        if any(m.get("role") == "system" for m in listed):
-            # Mid-conversation system messages must follow a user turn; which cuts keep that
-            # true is not something the planner knows, so such a request is not compacted.
-            return MessagesConversation(messages=[], fixed=fixed, skip=SKIP_SYSTEM_MESSAGE)
         view, pieces = build_view(listed)
         return MessagesConversation(messages=view, fixed=fixed, pieces=pieces)
 

@@ -9,8 +9,9 @@ neighbour has its role — folded into that neighbour, so turns keep alternating
 
 Breakpoints (`cache_control`): one on a kept block stays on it; one whose block was cut (or
 whose nested block a prune replaced) moves to the block now standing where it was — the parent
-`tool_result`, the summary, or the last kept block before it — unless that block has one
-already. None is ever added, so the output never has more than the request had.
+`tool_result`, the summary, or the last kept block before it (never a pinned system message's:
+instructions stay as sent) — unless that block has one already. None is ever added, so the
+output never has more than the request had.
 """
 
 from __future__ import annotations
@@ -263,7 +264,7 @@ def _stand_in(outs: list[_Out], path: Path) -> tuple[int, int] | None:
         (k for k, (o, b) in enumerate(flat) if (outs[o].blocks[b][0] or ()) > path), len(flat)
     )
     for o, b in reversed(flat[:end]):
-        if _holds_breakpoint(outs[o].blocks[b][1]):
+        if outs[o].role != "system" and _holds_breakpoint(outs[o].blocks[b][1]):
             return o, b
     return None
 

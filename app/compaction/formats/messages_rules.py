@@ -8,7 +8,10 @@ body the proxy cannot rewrite safely is answered with a 400 naming the field (in
 Consecutive messages of one role are one turn (Anthropic combines them), so tool pairing is
 checked per turn: every `tool_use` of an assistant turn is answered by a `tool_result` in the
 user turn right after it (unless the assistant turn ends the request), and every `tool_result`
-answers a `tool_use` of the assistant turn right before it.
+answers a `tool_use` of the assistant turn right before it. A `role: "system"` message inside
+`messages` (what Claude Code sends a non-Claude model, and servers of local models accept) is
+an instruction of text only; it takes no turn, but it must not stand between a call and its
+answers.
 """
 
 from __future__ import annotations
@@ -17,12 +20,16 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-ROLES = ("user", "assistant")
+ROLES = ("user", "assistant", "system")
 MAX_BREAKPOINTS = 4
 # Block types each role may not carry.
 FORBIDDEN: dict[str, frozenset[str]] = {
     "user": frozenset({"tool_use", "thinking", "redacted_thinking", "server_tool_use"}),
     "assistant": frozenset({"tool_result", "image", "document"}),
+    "system": frozenset(
+        {"tool_use", "tool_result", "thinking", "redacted_thinking", "server_tool_use"}
+        | {"image", "document"}
+    ),
 }
 
 
@@ -41,6 +48,10 @@ def block_type(block: Any) -> str | None:
     return kind if isinstance(kind, str) else None
 
 
+def _system(message: Mapping[str, Any]) -> bool:
+    return message.get("role") == "system"
+
+
 def blocks_of(message: Mapping[str, Any]) -> list[Any]:
     """The message's content as a list of blocks (a string is one text block)."""
     content = message.get("content")
@@ -50,11 +61,12 @@ def blocks_of(message: Mapping[str, Any]) -> list[Any]:
 
 
 def turns_of(messages: Sequence[Any]) -> list[tuple[Any, list[int]]]:
-    """(role, message indices) of each maximal run of messages of one role."""
+    """(role, message indices) of each maximal run of messages of one role; a system message
+    is one of its own (an instruction, not a turn: each stays where it stands)."""
     turns: list[tuple[Any, list[int]]] = []
     for i, message in enumerate(messages):
         role = message.get("role") if isinstance(message, Mapping) else None
-        if turns and turns[-1][0] == role:
+        if turns and turns[-1][0] == role and role != "system":
             turns[-1][1].append(i)
         else:
             turns.append((role, [i]))
@@ -78,7 +90,9 @@ def _shape_problems(messages: Sequence[Any]) -> Iterator[Problem]:
             continue
         role = message.get("role")
         if role not in ROLES:
-            yield Problem(f"{where}.role", f"{where}.role: Input should be 'user' or 'assistant'")
+            yield Problem(
+                f"{where}.role", f"{where}.role: Input should be 'user', 'assistant' or 'system'"
+            )
             continue
         content = message.get("content")
         if not isinstance(content, str | list):
@@ -104,9 +118,15 @@ def _shape_problems(messages: Sequence[Any]) -> Iterator[Problem]:
                     f"{where}.content.{j}.tool_use_id",
                     f"{where}.content.{j}.tool_use_id: not a string",
                 )
-    if messages and isinstance(messages[0], Mapping) and messages[0].get("role") != "user":
+    # (system messages inside `messages` aside: they take no turn)
+    first = next(
+        (i for i, m in enumerate(messages) if not (isinstance(m, Mapping) and _system(m))), 0
+    )
+    leading = messages[first] if messages else None
+    if isinstance(leading, Mapping) and leading.get("role") != "user":
         yield Problem(
-            "messages.0.role", "messages.0.role: the first message must use the user role"
+            f"messages.{first}.role",
+            f"messages.{first}.role: the first message must use the user role",
         )
 
 

@@ -11,7 +11,8 @@ turn (a maximal run of same-role messages):
   view message per `tool_result` block, plus one `tool` message for its other blocks (text,
   images) whose parts carry no `text` field, so neither truncation nor pruning reaches what the
   user wrote: the planner keeps or drops the call and its answers as one unit;
-- any other turn is one view message of its role.
+- any other turn is one view message of its role — a `role: "system"` message inside
+  `messages` too: the planner pins it where it stands and it takes no turn (§3).
 
 Each view message remembers its `Piece`: the blocks of the body it stands for, by path.
 `system`, `tools` and `tool_choice` are `fixed`; the first user message is the pinned head. The

@@ -50,6 +50,7 @@ from app.proxy.upstream import Upstream
 from app.settings import Settings
 from app.tokens.counter import ChatTokenCounter
 from app.tokens.encodings import EncodingSet, load_encodings
+from app.usage.labels import ModelLabels, literal_names
 from app.usage.ledger import Ledger, ledger_mode
 from app.usage.metrics import Metrics
 from app.usage.recording import records_for, summary_records
@@ -234,7 +235,8 @@ def create_app(
     encodings = encodings if encodings is not None else load_encodings()
     counter = ChatTokenCounter(encodings, table)
     summary_stats = SummaryStats()
-    meter = CostMeter(PriceTable.load(settings.config_file("prices.toml")))
+    prices = PriceTable.load(settings.config_file("prices.toml"))
+    meter = CostMeter(prices)
     store = store if store is not None else open_store(settings.database_url)
     queue = UsageQueue(
         store,
@@ -242,7 +244,9 @@ def create_app(
         spill=spill_file(settings.database_url, settings.usage_spill_path),
         spill_after=settings.usage_spill_after,
     )
-    metrics = Metrics(lambda: queue.depth, counter.calibration_factors, summary_stats)
+    named = [entry.pattern for entry in table.model] + [m for p in prices.price for m in p.models]
+    labels = ModelLabels(literal_names(named), settings.metrics_top_models)
+    metrics = Metrics(lambda: queue.depth, counter.calibration_factors, summary_stats, labels)
 
     submit, on_done = _recording(counter, meter, metrics, queue)
     compactor, cache, background = _compaction(

@@ -1,4 +1,5 @@
-"""Prometheus metrics, one registry per app (never the process-global default registry)."""
+"""Prometheus metrics, one registry per app (never the process-global default registry); model
+labels from a bounded set (app/usage/labels.py), since clients choose model names."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from app.usage.labels import OTHER, ModelLabels
 from app.usage.records import UsageRecord, api_of
 from app.usage.summary_stats import SummaryStats
 
@@ -59,7 +61,8 @@ class _SummaryCollector(Collector):
 
 
 class Metrics:
-    """The proxy's counters, histograms and gauges, fed from usage records."""
+    """The proxy's counters, histograms and gauges, fed from usage records; every `model`
+    label is `labels(model)` (by default 20 names, then `other`)."""
 
     content_type = CONTENT_TYPE_LATEST
 
@@ -68,7 +71,9 @@ class Metrics:
         queue_depth: Callable[[], float],
         calibration: Callable[[], dict[str, float]],
         summary_stats: SummaryStats | None = None,
+        labels: ModelLabels | None = None,
     ) -> None:
+        self.labels = labels if labels is not None else ModelLabels((), 20)
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.summary_stats = summary_stats if summary_stats is not None else SummaryStats()
@@ -140,25 +145,26 @@ class Metrics:
         if record.kind == "passthrough":
             self.passthrough.labels(record.route or "", str(record.status)).inc()
             return
+        model = self.labels(record.model)
         if record.kind == "summary":
-            self.summaries.labels(record.model).inc()
-            self._tokens(record)
+            self.summaries.labels(model).inc()
+            self._tokens(model, record)
             return
-        self.requests.labels(record.model, str(record.status), str(record.stream).lower()).inc()
+        self.requests.labels(model, str(record.status), str(record.stream).lower()).inc()
         self.apis.labels(api_of(record.route), str(record.status)).inc()
-        self.latency.labels(record.model).observe(record.latency_ms / 1000)
+        self.latency.labels(model).observe(record.latency_ms / 1000)
         if record.ttfb_ms is not None:
-            self.ttfb.labels(record.model).observe(record.ttfb_ms / 1000)
+            self.ttfb.labels(model).observe(record.ttfb_ms / 1000)
         if record.outcome == "rejected":  # never forwarded: no tokens, nothing saved
             return
-        self._tokens(record)
-        self.saved.labels(record.model).inc(max(0, record.tokens_before - record.tokens_after))
+        self._tokens(model, record)
+        self.saved.labels(model).inc(max(0, record.tokens_before - record.tokens_after))
         for strategy in record.strategies:
             self.compactions.labels(strategy).inc()
         if record.outcome == "upstream_error":
             self.upstream_errors.labels(str(record.status)).inc()
 
-    def _tokens(self, record: UsageRecord) -> None:
+    def _tokens(self, model: str, record: UsageRecord) -> None:
         for kind, value in (
             ("prompt", record.prompt_tokens),
             ("completion", record.completion_tokens),
@@ -166,9 +172,10 @@ class Metrics:
             ("cache_write", record.cache_write_tokens),
         ):
             if value:
-                self.tokens.labels(record.model, kind).inc(value)
+                self.tokens.labels(model, kind).inc(value)
 
     def render(self) -> bytes:
         for model, factor in self._calibration().items():
-            self.factors.labels(model).set(factor)
+            if self.labels.named(model) and model != OTHER:  # one factor per series, or none
+                self.factors.labels(model).set(factor)
         return generate_latest(self.registry)

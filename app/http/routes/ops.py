@@ -31,11 +31,13 @@ async def readyz(state: State) -> JSONResponse:
 @router.get("/stats", openapi_extra=openapi.STATS)
 async def stats(state: State, client: ClientKey) -> dict[str, Any]:
     totals = await state.store.totals()
+    labels = state.metrics.labels  # per-model tables bounded as /metrics' labels are
     return {
         **totals,
+        "models": labels.fold(totals.get("models", {})),
         "summaries": state.metrics.summary_stats.snapshot(),
-        "calibration": state.counter.calibration_factors(),
-        "calibration_detail": state.counter.calibration(),
+        "calibration": labels.named_only(state.counter.calibration_factors()),
+        "calibration_detail": labels.named_only(state.counter.calibration()),
         "token_counting": {
             "heuristic_for": list(state.encodings_missing),
             "exact_encodings_loaded": not state.encodings_missing,

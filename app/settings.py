@@ -85,6 +85,12 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(32 * 1024 * 1024, gt=0)
     upstream_connect_timeout: float = Field(10.0, gt=0)
     upstream_read_timeout: float = Field(600.0, gt=0)
+    # Slow clients: a request's headers must arrive within `header_read_timeout` s of its first
+    # byte (or of the connection, `inflight serve` only) and its body within `body_read_timeout`
+    # s (else 408); a stream the client reads nothing of for `client_stall_timeout` s is cut off.
+    header_read_timeout: float = Field(10.0, gt=0)
+    body_read_timeout: float = Field(60.0, gt=0)
+    client_stall_timeout: float = Field(60.0, gt=0)
     on_overflow: OnOverflow = OnOverflow.FORWARD
     summary_model: str | None = None
     discovery_timeout: float = Field(2.0, gt=0)

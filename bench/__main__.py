@@ -2,8 +2,9 @@
 
 Sections: added latency (inflight and LiteLLM vs a direct call), token accuracy and counting
 cost, prefix reuse against re-trimming baselines (and as Responses and Messages requests), planning
-cost, dollars at list prices. The llama.cpp sections (token accuracy, prompt-cache reuse, fact
-retention) run when `INFLIGHT_TEST_LLM_URL` points at ../shared/local-llm.
+cost, dollars at list prices, slow clients (slowloris, streams never read). The llama.cpp
+sections (token accuracy, prompt-cache reuse, fact retention) run when `INFLIGHT_TEST_LLM_URL`
+points at ../shared/local-llm.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from bench import (
     load,
     overhead,
     responses,
+    slow_clients,
     summaries,
     token_accuracy,
 )
@@ -34,6 +36,7 @@ from bench.procs import bare_relay, bare_relay_process, fake_upstream, proxy, pr
 
 SECTIONS = (
     "hot", "latency", "load", "tokens", "compaction", "summaries", "cost", "cache", "facts",
+    "slow",
 )  # fmt: skip
 
 
@@ -125,6 +128,10 @@ def main() -> None:
             print("## Streaming\n")
             print(load.chunk_delay_report({"direct": upstream, "inflight": stored}) + "\n")
             print(load.memory_report(stored, pid) + "\n")
+    if "slow" in only:
+        with fake_upstream() as upstream:
+            print("## Slow clients: slowloris and streams nobody reads\n")
+            print(slow_clients.slow_clients_report(upstream, n=args.n // 3 or 1) + "\n")
     if "tokens" in only:
         print("## Token counts: estimate vs exact o200k (model `gpt-4o`)\n")
         print(token_accuracy.openai_report() + "\n")

@@ -60,6 +60,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from app.factory import create_app
+    from app.http.protocol import with_deadlines
 
     settings = _settings({"upstream_url": args.upstream, "config_dir": args.config})
     if not _is_loopback(args.host) and not settings.api_keys and not settings.allow_unauthenticated:
@@ -87,6 +88,10 @@ def _serve(args: argparse.Namespace) -> int:
         # Longer than any client pool keeps an idle connection (httpx and the openai SDK: 5 s),
         # so a client never reuses a connection at the instant the proxy closes it.
         timeout_keep_alive=75,
+        # a request's headers within INFLIGHT_HEADER_READ_TIMEOUT s (slowloris), its body within
+        # INFLIGHT_BODY_READ_TIMEOUT s (the routes answer 408), a client reading nothing for
+        # INFLIGHT_CLIENT_STALL_TIMEOUT s dropped
+        http=with_deadlines(settings.header_read_timeout, settings.client_stall_timeout),
         log_level=args.log_level,
     )
     return 0

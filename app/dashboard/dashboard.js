@@ -75,9 +75,15 @@
     $("kpi-summaries").textContent = usd(cost.summaries) + " of it on summaries";
     $("kpi-baseline").textContent = usd(cost.baseline);
     $("kpi-unpriced").textContent = int(cost.unpriced_requests) + " unpriced requests";
+    // A compaction event re-writes the cached prefix: it can cost more than not compacting,
+    // and then the saving is negative and says so.
+    const lost = (cost.saved || 0) < 0;
     $("kpi-saved-dollars").textContent = usd(cost.saved);
-    $("kpi-saved-dollars-share").textContent =
-      cost.baseline ? pct(cost.saved / cost.baseline) + " of the baseline" : "";
+    $("kpi-saved-dollars").parentElement.classList.toggle("good", !lost);
+    $("kpi-saved-dollars").parentElement.classList.toggle("bad", lost);
+    $("kpi-saved-dollars-share").textContent = !cost.baseline ? "" : lost
+      ? "compaction cost more: " + pct(-cost.saved / cost.baseline) + " over the baseline"
+      : pct(cost.saved / cost.baseline) + " of the baseline";
   }
 
   function bars(container, entries, format) {

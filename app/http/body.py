@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 import orjson
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
-from app.errors import BadRequest, InvalidJSON, PayloadTooLarge
+from app.errors import BadRequest, InvalidJSON, PayloadTooLarge, ProxyError
 from app.http.reuse import Reused
+
+logger = logging.getLogger(__name__)
 
 MAX_JSON_DEPTH = 64
 MAX_MESSAGES = 100_000
@@ -26,16 +30,43 @@ def check_declared_length(request: Request, limit: int) -> None:
         raise _too_large(limit)
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The whole body, refusing (413) as soon as it passes `limit` bytes."""
+class ClientGone(ProxyError):
+    """The client hung up before its whole body arrived: nobody is left to answer (499, the
+    status nginx gives it). Logged at info, recorded as `client_disconnected`."""
+
+    status_code = 499
+    error_type = "invalid_request_error"
+    code = "client_disconnected"
+
+
+class BodyTimeout(ProxyError):
+    """The body did not arrive within `INFLIGHT_BODY_READ_TIMEOUT` seconds (408)."""
+
+    status_code = 408
+    error_type = "invalid_request_error"
+    code = "request_timeout"
+
+
+async def read_body(request: Request, limit: int, within: float | None = None) -> bytes:
+    """The whole body, refusing (413) as soon as it passes `limit` bytes, or (408) when it has
+    not all arrived `within` seconds after reading began; `ClientGone` when the client hangs
+    up meanwhile."""
     check_declared_length(request, limit)
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(limit)
-        chunks.append(chunk)
+    try:
+        with anyio.fail_after(within):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise _too_large(limit)
+                chunks.append(chunk)
+    except ClientDisconnect:
+        logger.info("client hung up after %d body bytes of %s", size, request.url.path)
+        raise ClientGone("the client disconnected before its body was read") from None
+    except TimeoutError:
+        logger.info("body of %s not read within %s s (%d bytes)", request.url.path, within, size)
+        raise BodyTimeout(f"the request body did not arrive within {within:g} s") from None
     return b"".join(chunks)
 
 
@@ -43,11 +74,15 @@ async def limited_stream(request: Request, limit: int) -> AsyncIterator[bytes]:
     """The body as a stream (pass-through), failing once it passes `limit` bytes."""
     check_declared_length(request, limit)
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(limit)
-        yield chunk
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(limit)
+            yield chunk
+    except ClientDisconnect:
+        logger.info("client hung up after %d body bytes of %s", size, request.url.path)
+        raise ClientGone("the client disconnected before its body was read") from None
 
 
 def deeper_than(value: Any, limit: int) -> bool:

@@ -5,10 +5,15 @@ reads and cache writes included (OpenAI's `prompt_tokens`; for Anthropic, `input
 `cache_read_input_tokens` + `cache_creation_input_tokens`), so each prompt token falls in exactly
 one category: read from the cache, written to it, or plain input.
 
-The baseline (`baseline_billed`) is the same request without compaction: its prompt is the one
-the upstream billed plus the tokens compaction removed, its answer is the same, and its cached
-share is what an append-only conversation would have read from the provider's cache: the
-previous uncompacted prompt of the conversation (`reusable`), under the provider's caching rule.
+The baseline (`baseline_billed`) is one round of the same request without compaction. When
+compaction removed nothing it is the request as billed. Otherwise its prompt is the one the
+upstream billed plus the tokens compaction removed, its answer is the same, and its cache reads
+are the previous uncompacted prompt of the conversation (`reusable`, remembered by
+`PromptHistory`); without one (a restart, a first sight), what the actual request read plus the
+removed tokens when it read anything (the conversation's cache was warm, and the removed part is
+older history than what follows the cut: cached wherever what precedes it was), else nothing.
+The rest of its prompt is plain input, or with explicit caching written in the proportion the
+actual request wrote its uncached part. Restore's extra rounds are never in it.
 """
 
 from __future__ import annotations
@@ -65,22 +70,21 @@ def automatic_hit(rules: BaselineRules, prompt: int, reusable: int) -> int:
 def baseline_billed(
     price: ModelPrice, rules: BaselineRules, actual: Billed, removed: int, reusable: int
 ) -> Billed:
-    """The uncompacted request's tokens: `removed` more prompt tokens than `actual`, the same
-    completion, and cache hits on the `reusable` prefix (0 when there is no previous prompt).
-
-    With explicit caching the baseline caches the way the client did: no `cache_control`
-    activity in the actual request means none in the baseline; otherwise it reads the reusable
-    prefix and writes the rest in the same proportion as the actual request wrote its new part.
-    """
-    prompt = max(actual.prompt, 0) + max(removed, 0)
-    reusable = max(reusable, 0)
+    """One uncompacted round of the request `actual` (one round's tokens) from which
+    compaction removed `removed` prompt tokens; `reusable`: the tokens of the conversation's
+    previous uncompacted prompt when it prefixes this one (else 0). See the module docstring."""
+    removed = max(removed, 0)
+    if removed == 0:
+        return actual
+    prompt = max(actual.prompt, 0) + removed
+    warm = actual.read + removed if actual.read > 0 else 0
+    known = min(reusable if reusable > 0 else warm, prompt)
     if price.caching is Caching.AUTOMATIC:
-        hit = automatic_hit(rules, prompt, reusable)
+        hit = automatic_hit(rules, prompt, known)
         return Billed(prompt=prompt, cached=hit, completion=actual.completion)
-    if actual.read == 0 and actual.written == 0:
+    if actual.read == 0 and actual.written == 0:  # the client used no cache
         return Billed(prompt=prompt, completion=actual.completion)
-    hit = min(reusable, prompt)
     new_part = max(actual.prompt, 0) - actual.read
     share = actual.written / new_part if new_part > 0 else 1.0
-    written = round((prompt - hit) * share)
-    return Billed(prompt=prompt, cached=hit, cache_write=written, completion=actual.completion)
+    written = round((prompt - known) * share)
+    return Billed(prompt=prompt, cached=known, cache_write=written, completion=actual.completion)

@@ -1,7 +1,8 @@
 """`CostMeter`: prices each usage record as it is made, actual and uncompacted baseline.
 
 One per app (built in `create_app`); it owns the bounded `PromptHistory` the baseline needs.
-Summary calls cost what they cost and have no baseline (the uncompacted request makes none).
+Summary calls cost what they cost and have no baseline (the uncompacted request makes none);
+restore's extra rounds are in the actual cost only (the baseline prices one round).
 A record without upstream usage costs nothing, except a stream the client abandoned: the
 upstream read its prompt, so that is priced from the proxy's own count of what was sent.
 """
@@ -42,6 +43,20 @@ def billed_of(record: UsageRecord) -> Billed:
     )
 
 
+def one_round_of(record: UsageRecord, billed: Billed) -> Billed:
+    """The record's tokens as one upstream round (restore's rounds: the first's prompt, the
+    last's answer), the round the baseline prices."""
+    one = record.one_round
+    if one is None:
+        return billed
+    return Billed(
+        prompt=one.prompt_tokens or 0,
+        cached=one.cached_tokens or 0,
+        cache_write=one.cache_write_tokens or 0,
+        completion=one.completion_tokens or 0,
+    )
+
+
 class CostMeter:
     """Prices records against a `PriceTable`, remembering prompts for the baseline."""
 
@@ -54,7 +69,7 @@ class CostMeter:
         if record.kind == "passthrough":
             return record
         costs = self.costs(record, body)
-        return replace(record, cost=costs.actual, baseline_cost=costs.baseline)
+        return replace(record, cost=costs.actual, baseline_cost=costs.baseline, one_round=None)
 
     def costs(self, record: UsageRecord, body: Mapping[str, Any] | None) -> Costs:
         """`body` is the request as the client sent it (before compaction), if there is one."""
@@ -63,9 +78,11 @@ class CostMeter:
             return UNPRICED
         billed = billed_of(record)
         actual = dollars(price, billed)
+        removed = record.tokens_before - record.tokens_after
         if record.kind != "chat" or billed.prompt == 0:
             return Costs(actual, 0.0 if record.kind != "chat" else actual)
-        return Costs(actual, self._baseline(price, record, billed, body))
+        baseline = self._baseline(price, record, one_round_of(record, billed), body)
+        return Costs(actual, actual if removed <= 0 else baseline)
 
     def _baseline(
         self,

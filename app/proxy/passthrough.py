@@ -84,6 +84,7 @@ class PassthroughService:
             raw=True,
             started=started,
             on_end=on_end,
+            stall_timeout=self._settings.client_stall_timeout,
         )
 
     def _done(

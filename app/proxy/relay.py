@@ -5,6 +5,11 @@ goes away while we wait on the upstream, so this class owns that boundary: it ra
 against `http.disconnect`, and every ending (completion, client disconnect, upstream error)
 runs the same `finally` that closes the upstream response and reports the outcome once.
 
+A client that reads nothing gets backpressure: the server's `send` waits while its write buffer
+is full, so at most one chunk is held here and the upstream is read no faster than the client
+reads. A client that accepts nothing for `stall_timeout` seconds is cut off (`client_disconnected`)
+and the upstream closed, so a reader that never reads holds neither memory nor an upstream.
+
 A stream whose final event (`data: [DONE]`, as the SSE tap sees it) reached the client is
 `completed` even when the client hangs up before the upstream closes: the openai SDK and
 langchain close the connection right after `[DONE]`, and some upstreams linger before closing.
@@ -34,6 +39,10 @@ class UpstreamBodyBroken(Exception):
     """Raised to the ASGI server so it aborts a plain (non-SSE) body the upstream broke."""
 
 
+class ClientStalled(Exception):
+    """The client accepted nothing for the relay's `stall_timeout` seconds."""
+
+
 @dataclass(frozen=True, slots=True)
 class RelayResult:
     """How a relayed stream ended."""
@@ -41,6 +50,7 @@ class RelayResult:
     outcome: Outcome
     ttfb: float | None
     bytes_sent: int
+    unsent: int = 0  # bytes read from the upstream the client never accepted (one chunk at most)
 
 
 class BufferedResponse(Response):
@@ -100,8 +110,10 @@ class RelayResponse(Response):
         on_end: Callable[[RelayResult], Awaitable[None]] | None = None,
         error_frame: Callable[[ProxyError], bytes] = ProxyError.sse_frame,
         held: tuple[bytes, AsyncIterator[bytes]] | None = None,
+        stall_timeout: float | None = None,
     ) -> None:
         super().__init__(status_code=status_code)
+        self.stall_timeout = stall_timeout  # seconds a client may accept nothing (None: forever)
         # restore read the body's first bytes to learn its kind: those go first, then the rest
         self.held = held
         self.upstream = upstream
@@ -138,7 +150,8 @@ class RelayResponse(Response):
             with anyio.CancelScope(shield=True):
                 await self.upstream.aclose()
                 if self.on_end is not None:
-                    await self.on_end(RelayResult(progress.outcome, progress.ttfb, progress.sent))
+                    sent, unsent = progress.sent, progress.pending
+                    await self.on_end(RelayResult(progress.outcome, progress.ttfb, sent, unsent))
 
     async def _pump(self, send: Send, progress: _Progress) -> Exception | None:
         """Relay the body; returns the upstream failure a plain body must abort with."""
@@ -149,12 +162,19 @@ class RelayResponse(Response):
                 if out:
                     if progress.ttfb is None:
                         progress.ttfb = time.perf_counter() - self.started
-                    await send({"type": "http.response.body", "body": out, "more_body": True})
-                    progress.sent += len(out)
+                    await self._send_body(send, out, progress, more=True)
                     progress.finished = self.tap is not None and self.tap.done
             tail = self.tap.flush() if self.tap is not None else b""
-            await send({"type": "http.response.body", "body": tail, "more_body": False})
+            await self._send_body(send, tail, progress, more=False)
             progress.finished = True
+        except ClientStalled:
+            logger.info(
+                "client read nothing for %s s after %d bytes: stream cut off",
+                self.stall_timeout,
+                progress.sent,
+            )
+            if not progress.finished:
+                progress.outcome = "client_disconnected"
         except (httpx.HTTPError, UpstreamTimeout, UpstreamUnavailable) as exc:
             if progress.finished:  # the answer is complete; only the upstream's close failed
                 where = public_url(self.upstream.request.url)
@@ -174,6 +194,17 @@ class RelayResponse(Response):
             if not progress.finished:
                 progress.outcome = "client_disconnected"
         return None
+
+    async def _send_body(self, send: Send, body: bytes, progress: _Progress, *, more: bool) -> None:
+        """Hand `body` to the server, which waits while the client is not reading; raises
+        `ClientStalled` when it has waited `stall_timeout` seconds."""
+        progress.pending = len(body)
+        with anyio.move_on_after(self.stall_timeout) as waiting:
+            await send({"type": "http.response.body", "body": body, "more_body": more})
+        if waiting.cancelled_caught:
+            raise ClientStalled
+        progress.pending = 0
+        progress.sent += len(body)
 
     async def _chunks(self) -> AsyncIterator[bytes]:
         """The upstream body's chunks (after the bytes already read, when held)."""
@@ -203,6 +234,7 @@ class _Progress:
     outcome: Outcome = "completed"
     ttfb: float | None = None
     sent: int = 0
+    pending: int = 0  # bytes handed to the server's `send` and not accepted yet (one chunk)
     finished: bool = False  # the last byte was sent, or the final SSE event reached the client
 
 

@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from app.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
-from app.http.body import read_body
+from app.http.body import ClientGone, read_body
 from app.http.reuse import ParsedBodies, Reused
 from app.proxy.api import Api, Exchange
 from app.proxy.headers import filter_request_headers, filter_response_headers
@@ -81,7 +81,8 @@ class ApiService:
     async def handle(self, request: Request, client_key_id: str | None = None) -> Response:
         started = time.perf_counter()
         try:
-            raw = await read_body(request, self._settings.max_body_bytes)
+            limit, timeout = self._settings.max_body_bytes, self._settings.body_read_timeout
+            raw = await read_body(request, limit, timeout)
             body = self._parse(raw)
         except ProxyError as exc:
             await self.reject(exc, client_key_id, started)
@@ -137,7 +138,9 @@ class ApiService:
     async def reject(
         self, error: ProxyError, client_key_id: str | None, started: float | None = None
     ) -> None:
-        """Record a request refused before its body was read (401, 413, bad JSON or shape)."""
+        """Record a request refused before its body was read (401, 408, 413, bad JSON or
+        shape), or whose client hung up before sending it all."""
+        gone = isinstance(error, ClientGone)
         await self._finish(
             Exchange(
                 self.api,
@@ -147,7 +150,7 @@ class ApiService:
                 body={},
                 client_key_id=client_key_id,
                 status=error.status_code,
-                outcome="rejected",
+                outcome="client_disconnected" if gone else "rejected",
                 started=started if started is not None else time.perf_counter(),
             )
         )
@@ -250,7 +253,10 @@ class ApiService:
         if upstream.status_code >= 400:
             exchange.outcome = "upstream_error"
         else:
-            exchange.usage = usage_from_json(content, self.api.usage) or exchange.usage
+            earlier, stated = exchange.usage, usage_from_json(content, self.api.usage)
+            exchange.usage = stated or earlier
+            if stated is not None and earlier is not None and exchange.rounds > 1:
+                exchange.usage = earlier.plus(stated.after(earlier))  # restore: every round's
             base_url = self._upstream.route(exchange.model, anthropic=self.api.anthropic).base_url
             self._check_truncation(exchange, base_url)
         self._sent(exchange)
@@ -305,7 +311,9 @@ class ApiService:
         exchange.status = upstream.status_code
 
         async def on_end(result: RelayResult) -> None:
-            exchange.outcome = result.outcome
+            # A stream that ended in an error event (Anthropic's `error`, a Responses
+            # `response.failed` or `error`) failed upstream, whatever usage it reported first.
+            exchange.outcome = "upstream_error" if tap.error is not None else result.outcome
             exchange.ttfb = result.ttfb
             exchange.usage = tap.usage
             if result.outcome == "completed":  # learned and logged; the headers are gone
@@ -327,6 +335,7 @@ class ApiService:
             on_end=on_end,
             error_frame=self.api.error_frame,
             held=held,
+            stall_timeout=self._settings.client_stall_timeout,
         )
 
     async def _finish(self, exchange: Exchange) -> None:

@@ -9,7 +9,8 @@ usage-only chunk is cut out of what the client sees. Restore's earlier rounds (`
 added to the usage the client sees: those lines are re-encoded. The final event is chat's
 `data: [DONE]`, or the data line of a Responses (`response.completed`, `response.failed`,
 `response.incomplete`) or Anthropic (`message_stop`) final event: once it has been read the
-answer is complete.
+answer is complete. `error` holds the error a stream reported (its record is then an upstream
+error, whatever usage came before).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ class Usage:
     completion_tokens: int | None = None
     cached_tokens: int | None = None
     cache_write_tokens: int | None = None  # Anthropic's cache writes (part of the prompt)
+    # each round's usage when this is the sum of several (restore's, by `plus`), in order
+    rounds: tuple[Usage, ...] = field(default=(), compare=False, repr=False)
 
     @classmethod
     def from_json(cls, usage: Any) -> Usage | None:
@@ -85,6 +88,21 @@ class Usage:
             add(self.completion_tokens, other.completion_tokens),
             add(self.cached_tokens, other.cached_tokens),
             add(self.cache_write_tokens, other.cache_write_tokens),
+            (self.rounds or (self,)) + (other.rounds or (other,)),
+        )
+
+    def after(self, earlier: Usage) -> Usage:
+        """The last round of this sum (a JSON answer states every round's usage at once):
+        what it counts beyond `earlier`, the rounds before it."""
+
+        def less(a: int | None, b: int | None) -> int | None:
+            return None if a is None else max(0, a - (b or 0))
+
+        return Usage(
+            less(self.prompt_tokens, earlier.prompt_tokens),
+            less(self.completion_tokens, earlier.completion_tokens),
+            less(self.cached_tokens, earlier.cached_tokens),
+            less(self.cache_write_tokens, earlier.cache_write_tokens),
         )
 
     def as_chat(self, original: Any) -> dict[str, Any]:

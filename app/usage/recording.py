@@ -8,7 +8,8 @@ import uuid
 
 from app.compaction.summary.prompt import SummaryUsage
 from app.proxy.api import Exchange
-from app.usage.records import Outcome, UsageRecord
+from app.proxy.sse_tap import Usage
+from app.usage.records import OneRound, Outcome, UsageRecord
 
 # Passthrough requests are counted per API (the first path segment after `/v1`); any other
 # segment is `other`, so a client inventing paths cannot grow the stats or the metric labels.
@@ -84,6 +85,7 @@ def records_for(exchange: Exchange) -> list[UsageRecord]:
             strategies=exchange.strategies,
             context_limit=exchange.context_limit,
             route=exchange.route,
+            one_round=one_round(usage),
         )
     ]
     summary = exchange.summary_usage
@@ -91,6 +93,16 @@ def records_for(exchange: Exchange) -> list[UsageRecord]:
         model = exchange.summary_model or exchange.model
         records += summary_records(summary, model, exchange.client_key_id, request_id, now)
     return records
+
+
+def one_round(usage: Usage | None) -> OneRound | None:
+    """Restore's rounds as one (the first's prompt, the last's answer); None for one round."""
+    if usage is None or len(usage.rounds) < 2:
+        return None
+    first, last = usage.rounds[0], usage.rounds[-1]
+    return OneRound(
+        first.prompt_tokens, first.cached_tokens, first.cache_write_tokens, last.completion_tokens
+    )
 
 
 def summary_records(

@@ -44,6 +44,18 @@ def api_of(route: str | None) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class OneRound:
+    """A request that took several upstream rounds (restore) as one round: the first round's
+    prompt and cache counts, the last round's answer. The baseline prices one uncompacted
+    round; the others are costs of inflight."""
+
+    prompt_tokens: int | None
+    cached_tokens: int | None
+    cache_write_tokens: int | None
+    completion_tokens: int | None
+
+
+@dataclass(frozen=True, slots=True)
 class UsageRecord:
     """One proxied request (or one summary call) as it ended."""
 
@@ -68,6 +80,7 @@ class UsageRecord:
     cache_write_tokens: int | None = None  # prompt tokens written to the cache (Anthropic)
     cost: float | None = None  # USD at list price (DESIGN.md §9); None: the model is unpriced
     baseline_cost: float | None = None  # USD the same request would have cost uncompacted
+    one_round: OneRound | None = None  # restore's rounds as one, until priced (not stored)
     # The record's own id (a request's summary calls share its `request_id`): a record written
     # twice (a retry after a lost acknowledgement, a spill replayed) is stored once.
     id: str = field(default_factory=lambda: uuid.uuid4().hex)

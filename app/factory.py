@@ -213,7 +213,8 @@ def _recording(
         # A prompt the upstream cut silently says nothing about how the counter counts.
         completed = exchange.outcome == "completed" and not exchange.upstream_truncated
         if usage is not None and usage.prompt_tokens and completed and view is not None:
-            counter.observe(exchange.model, view, usage.prompt_tokens)
+            client = exchange.compacted.client if exchange.compacted is not None else ""
+            counter.observe(exchange.model, view, usage.prompt_tokens, client=client)
         for record in records_for(exchange):
             submit(meter.priced(record, exchange.body))
 

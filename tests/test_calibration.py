@@ -156,17 +156,21 @@ def test_reaching_counts_an_overflowed_prompt_at_least_at_its_size() -> None:
     assert capped.predict(Observation(100, 1, 0)) >= 600
 
 
-def test_calibration_is_bounded_in_models_and_history() -> None:
-    calibration = Calibration(window=4, max_models=2)
+def test_calibration_is_bounded_in_models_clients_and_history() -> None:
+    calibration = Calibration(window=4, max_models=2, max_clients=3)
     for model in ("a", "b", "c"):
         for _ in range(10):
             calibration.observe(model, Observation(1000, 5, 1300), HEURISTIC_BOUNDS)
     assert set(calibration.corrections()) == {"a", "b"}
-    assert all(len(h) == 4 for h in calibration._history.values())
+    assert calibration.observations("a") == calibration.observations("b") == {"": 4}
+    assert calibration.observations("c") == {}
     assert calibration.correction("c") == NEUTRAL
     calibration.observe("a", Observation(0, 0, 10), HEURISTIC_BOUNDS)  # nothing to learn
     calibration.observe("a", Observation(10, 1, 0), HEURISTIC_BOUNDS)
-    assert all(len(h) == 4 for h in calibration._history.values())
+    assert calibration.observations("a") == {"": 4}
+    for client in ("k1", "k2", "k3"):  # the least recently heard from client goes first
+        calibration.observe("a", Observation(1000, 5, 1300), HEURISTIC_BOUNDS, client=client)
+    assert calibration.observations("a") == {"k1": 1, "k2": 1, "k3": 1}
 
 
 def test_calibration_is_thread_safe() -> None:
@@ -184,7 +188,7 @@ def test_calibration_is_thread_safe() -> None:
     for t in threads:
         t.join(timeout=30)
     assert not any(t.is_alive() for t in threads)
-    assert len(calibration._history["m"]) == 32
+    assert calibration.observations("m") == {"": 32}
     assert calibration.correction("m") != NEUTRAL
 
 
@@ -222,7 +226,7 @@ def test_an_implausible_count_is_ignored() -> None:
         calibration.observe("m", Observation(8000, 40, 11), HEURISTIC_BOUNDS)
         calibration.observe("m", Observation(8000, 40, 80_000), HEURISTIC_BOUNDS)
     assert calibration.correction("m") == settled
-    assert len(calibration._history["m"]) == 5
+    assert calibration.observations("m") == {"": 5}
 
 
 def test_answers_the_fit_already_explains_skip_the_refit(monkeypatch: pytest.MonkeyPatch) -> None:

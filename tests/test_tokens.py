@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from app.tokens.calibration import CLIENT_REACH
 from app.tokens.counter import ChatTokenCounter
 from app.tokens.encodings import EncodingSet, load_encodings
 from app.tokens.heuristic import heuristic_tokens
@@ -251,9 +252,16 @@ def test_calibration_converges_and_is_bounded(counter: ChatTokenCounter) -> None
     raw = [counter.count_request("llama-3", b) for b in bodies]
     for _ in range(10):
         for body, r in zip(bodies, raw, strict=True):
-            counter.observe("llama-3", body, int(r * 1.3))
+            counter.observe("llama-3", body, int(r * 1.2))
     for body, r in zip(bodies, raw, strict=True):  # the deadband: 2 %, or 5 tokens if short
-        assert abs(counter.count_request("llama-3", body) - r * 1.3) <= max(r * 1.3, 256) * 0.025
+        assert abs(counter.count_request("llama-3", body) - r * 1.2) <= max(r * 1.2, 256) * 0.025
+    for _ in range(20):
+        for body, r in zip(bodies, raw, strict=True):
+            counter.observe("llama-3", body, r * 3)
+    # one client's answers alone move the factor on content at most CLIENT_REACH ...
+    assert counter.calibration_factors()["llama-3"] == 1.0 + CLIENT_REACH[0]
+    for body, r in zip(bodies, raw, strict=True):  # ... unless an overflow error backs them
+        counter.observe("llama-3", body, r * 3, overflowed=True)
     for _ in range(20):
         for body, r in zip(bodies, raw, strict=True):
             counter.observe("llama-3", body, r * 3)

@@ -52,6 +52,7 @@ class Compacted:
     budget: int = 0  # the window less the output reserve (what restored texts may fill)
     # what starts once the answer is on its way (not after an error): summaries ahead
     after_answer: tuple[Callable[[], object], ...] = ()
+    client: str = ""  # who sent it (`app.http.auth.client_identity`): whose window it taught
 
 
 def view_body(conversation: Conversation) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -42,12 +43,13 @@ from app.compaction.summary.request import (
 from app.compaction.summary.rolling import Summaries, summary_budget
 from app.compaction.summary.stand_in import without_summary
 from app.errors import BadRequest
+from app.http.auth import client_identity
 from app.jsontext import HistoryTexts
 from app.settings import LedgerMode, Settings
 from app.tokens.counter import TokenCounter
 from app.windows.overflow import OverflowInfo, parse_overflow
 from app.windows.registry import WindowRegistry
-from app.windows.silent import learn_silent_cut
+from app.windows.silent import SILENT_SHARE, learn_silent_cut
 from app.windows.table import anthropic_betas, output_reserve
 
 CHAT = ChatFormat()  # the default adapter (stateless)
@@ -122,6 +124,7 @@ class CompactionService:
             header_limit=controls.context_limit,
             setting_limit=self._settings.context_limit,
             betas=anthropic_betas(headers),
+            client=client_identity(headers),
         )
         reserve = output_reserve(cleaned, window.tokens)
         budget = self._budget(controls, window.tokens, reserve)
@@ -314,13 +317,16 @@ class CompactionService:
     ) -> Compacted:
         """What to forward for `body` (a request as received, parsed)."""
         return await self._forwarded(
-            wire, await self.plan(headers, body, base_url, wire=wire, forwarding=True)
+            wire, await self.plan(headers, body, base_url, wire=wire, forwarding=True), headers
         )
 
-    async def _forwarded(self, wire: WireFormat, preview: Preview) -> Compacted:
+    async def _forwarded(
+        self, wire: WireFormat, preview: Preview, headers: Mapping[str, str]
+    ) -> Compacted:
         """What to forward for `preview`, with its ledger id; its background summaries start,
         and there is no await from there until the caller sends the request."""
         compacted = compacted_of(wire, preview, self._settings.on_overflow)
+        compacted = replace(compacted, client=client_identity(headers))
         if self._ledger is not LedgerMode.OFF:
             full = self._ledger is LedgerMode.FULL
             compacted = await ledgered(preview, compacted, self._counter, full)
@@ -348,7 +354,9 @@ class CompactionService:
         if info.window is not None:
             self._windows.learn(base_url, model, info.window)
         if info.prompt_tokens is not None:
-            self._counter.observe(model, failed.view, info.prompt_tokens, overflowed=True)
+            self._counter.observe(
+                model, failed.view, info.prompt_tokens, overflowed=True, client=failed.client
+            )
         return info
 
     async def recover(
@@ -381,13 +389,19 @@ class CompactionService:
             "upstream overflow for %s (window %s, prompt %s tokens): retrying with %d",
             model, info.window, info.prompt_tokens, preview.result.tokens_after,
         )  # fmt: skip
-        return await self._forwarded(wire, preview)
+        return await self._forwarded(wire, preview, headers)
 
     def upstream_truncated(
         self, model: str, sent: Compacted, base_url: str, reported: int | None
     ) -> bool:
         """Whether the upstream cut what was `sent` silently, by the prompt tokens it
-        `reported` (DESIGN.md §11); if so, the window it holds is learned and logged."""
-        estimate = (sent.tokens_after, sent.context_limit)
+        `reported` (DESIGN.md §11); if so, the window it holds is learned (for the client that
+        sent it) and logged. Guessed parts (images, documents) are left out of the estimate."""
+        measured = sent.tokens_after
+        if reported is not None and reported < SILENT_SHARE * measured:  # else no cut anyway
+            measured -= self._counter.guessed_tokens(model, sent.view)
+        estimate = (measured, sent.context_limit)
         trusted = self._counter.is_exact(model) or model in self._counter.calibration_factors()
-        return learn_silent_cut(self._windows, base_url, model, reported, estimate, trusted)
+        return learn_silent_cut(
+            self._windows, base_url, model, reported, estimate, trusted, sent.client
+        )

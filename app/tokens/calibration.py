@@ -21,14 +21,21 @@ The correction in use moves only when the fit would change some count by more th
 (plans depend on counts, DESIGN.md §4.7); an overflow error that states the prompt's real size
 applies the fit at once and makes sure that prompt is counted at least that big (DESIGN.md §8),
 so the retry differs from what failed.
+
+One proxy serves many clients and every one is counted with the same correction, so no client
+may drag it (DESIGN.md §7 Isolation): each client's observations are fitted apart, and the
+correction in use is their consensus — per parameter, the evidence-weighted mean of the
+clients' deviations from "no correction", each clipped to `CLIENT_REACH` unless an overflow
+error backs that client's fit (`consensus`).
 """
 
 from __future__ import annotations
 
 import math
 import threading
-from collections import deque
-from collections.abc import Iterable, Sequence
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from operator import attrgetter
 from typing import cast
@@ -44,6 +51,7 @@ RELATIVE_NOISE = 0.02
 DEADBAND = 0.02  # the correction in use moves when some count would change by more than this
 DEADBAND_FLOOR = 256  # ... relative to at least this many tokens (short prompts wobble by a few)
 MAX_MODELS = 1024  # model names come from clients: bounded
+MAX_CLIENTS = 16  # clients whose observations are kept per model (least recently heard from go)
 MIN_ACTUAL = 16  # a smaller count is a placeholder or a prompt of pure framing: nothing to learn
 MAX_SOLVER_STEPS = 64  # the active-set solver needs a few; this bounds it whatever the input
 # A fit costs a few hundred microseconds on every answer. An observation the last fit already
@@ -66,6 +74,12 @@ PRIOR = (100.0, 1e-2, 1e-4, 1e-4, 1e-4)
 _SIZE = len(PRIOR)
 
 Vector = tuple[float, float, float, float, float]
+# How far one client's fit moves each parameter of the correction every client's counts use
+# (`consensus`), unless an overflow error backs it: the heuristic reads 0–25 % high, a template
+# adds a few tokens per message and a few hundred per request. More matters only near the
+# window, where an undercount meets the upstream's overflow error, which lifts the limit.
+CLIENT_REACH: Vector = (0.25, 2.0, 256.0, 128.0, 256.0)
+CLIENT_HALF_LIFE = 3600.0  # seconds: a client not heard from for this long weighs half
 # A correction's parameters, or their bounds, in order (Correction's and Bounds' fields).
 _IN_ORDER = attrgetter("content", "per_message", "per_request", "without_system", "with_tools")
 
@@ -315,16 +329,91 @@ def plausible(obs: Observation, bounds: Bounds) -> bool:
     return obs.actual >= MIN_ACTUAL and ends[0] / 2 <= obs.actual <= 2 * ends[1]
 
 
-class Calibration:
-    """Recent observations and the correction in use, per model; thread-safe, bounded."""
+@dataclass(frozen=True, slots=True)
+class ClientFit:
+    """One client's last fit of a model, how much its observations say about each parameter
+    (`evidence`, 0–1: none to far more than the prior), how far they scatter around the fit,
+    and how many observations joined since without a refit."""
 
-    def __init__(self, window: int = WINDOW, max_models: int = MAX_MODELS) -> None:
+    fit: Correction
+    evidence: Vector
+    heard: float  # when the client was last heard from (the calibration's clock)
+    scatter: float = 0.0
+    since: int = 0
+    backed: bool = False  # an overflow error stated one of its prompts' size: no reach limit
+
+    def weight(self, now: float) -> Vector:
+        """Its evidence, fading with the time since it was last heard from (by the clock, not
+        by other clients' requests, so that those move nobody's weight against another's)."""
+        fade = 0.5 ** (max(0.0, now - self.heard) / CLIENT_HALF_LIFE)
+        return cast(Vector, tuple(e * fade for e in self.evidence))
+
+
+def evidence(observations: Sequence[Observation]) -> Vector:
+    """Per parameter, what `observations` say about it against the prior: m / (m + prior), m
+    the diagonal of their normal equations (0 for a feature they never showed: a client that
+    always sends a system message says nothing about `without_system`)."""
+    matrix, _ = normal_equations(observations)
+    return cast(
+        Vector,
+        tuple(
+            max(0.0, (matrix[j][j] - p) / matrix[j][j]) if matrix[j][j] > 0 else 0.0
+            for j, p in enumerate(PRIOR)
+        ),
+    )
+
+
+def consensus(fits: Iterable[ClientFit], now: float, reach: Vector = CLIENT_REACH) -> Correction:
+    """The correction shared by every client: per parameter, the mean of the clients'
+    deviations from "no correction", each clipped to `reach` and weighed by the client's
+    faded evidence (at most 1). So one client alone moves a parameter at most `reach`, and
+    among others it moves it at most 2·reach·w/(w + W) from where they put it (w its weight,
+    W theirs) — whatever it sends."""
+    neutral = NEUTRAL.params()
+    totals = [0.0] * _SIZE
+    weights = [0.0] * _SIZE
+    for client in fits:
+        params = client.fit.params()
+        for j, (value, weight) in enumerate(zip(params, client.weight(now), strict=True)):
+            deviation = value - neutral[j]
+            if not client.backed:
+                deviation = min(reach[j], max(-reach[j], deviation))
+            totals[j] += weight * deviation
+            weights[j] += weight
+    shared = [
+        n + (t / w if w > 0 else 0.0) for n, t, w in zip(neutral, totals, weights, strict=True)
+    ]
+    content, per_message, per_request, without_system, with_tools = shared
+    return Correction(
+        round(content, 4),
+        round(per_message, 2),
+        round(per_request, 2),
+        round(without_system, 2),
+        round(with_tools, 2),
+    )
+
+
+class Calibration:
+    """Per model: each client's recent observations and fit, and the correction in use — the
+    clients' bounded consensus (`consensus`), so that one client's odd requests (a template of
+    its own, counts its upstream reports differently) move another's counts only that far.
+    Thread-safe, bounded in models, clients per model and observations per client."""
+
+    def __init__(
+        self,
+        window: int = WINDOW,
+        max_models: int = MAX_MODELS,
+        max_clients: int = MAX_CLIENTS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._clock = clock
         self._window = window
         self._max_models = max_models
-        self._history: dict[str, deque[Observation]] = {}
+        self._max_clients = max_clients
+        # per model, per client (least recently heard from first): its recent observations
+        self._history: dict[str, OrderedDict[str, deque[Observation]]] = {}
+        self._fits: dict[str, dict[str, ClientFit]] = {}  # per model, per client: its last fit
         self._applied: dict[str, Correction] = {}
-        # the last fit, how far its observations scatter around it, observations since
-        self._fitted: dict[str, tuple[Correction, float, int]] = {}
         self._changes = 0  # how many times a correction in use changed
         self._lock = threading.Lock()
 
@@ -342,32 +431,69 @@ class Calibration:
         with self._lock:
             return dict(self._applied)
 
+    def observations(self, model: str) -> dict[str, int]:
+        """How many observations of `model` are kept, per client."""
+        with self._lock:
+            return {c: len(h) for c, h in self._history.get(model, OrderedDict()).items()}
+
+    def _client_history(self, model: str, client: str) -> deque[Observation] | None:
+        """`client`'s history of `model` (created, evicting the least recently heard from
+        client past `max_clients`); None past `max_models`."""
+        clients = self._history.get(model)
+        if clients is None:
+            if len(self._history) >= self._max_models:
+                return None
+            clients = self._history[model] = OrderedDict()
+            self._fits[model] = {}
+        history = clients.get(client)
+        if history is None:
+            if len(clients) >= self._max_clients:
+                gone, _ = clients.popitem(last=False)
+                self._fits[model].pop(gone, None)
+            history = clients[client] = deque(maxlen=self._window)
+        clients.move_to_end(client)
+        return history
+
     def observe(
-        self, model: str, obs: Observation, bounds: Bounds, *, overflowed: bool = False
+        self,
+        model: str,
+        obs: Observation,
+        bounds: Bounds,
+        *,
+        overflowed: bool = False,
+        client: str = "",
     ) -> None:
-        """Add one observation and refit; `overflowed`: the upstream rejected this prompt as too
-        long, so the fit applies at once and counts it at least at `obs.actual`."""
+        """Add one observation of `client` and refit its fit and the consensus; `overflowed`:
+        the upstream rejected this prompt as too long, so the consensus applies at once and
+        counts it at least at `obs.actual`."""
         if obs.raw <= 0 or obs.actual <= 0 or not plausible(obs, bounds):
             return
         with self._lock:
-            history = self._history.get(model)
+            history = self._client_history(model, client)
             if history is None:
-                if len(self._history) >= self._max_models:
-                    return
-                history = self._history[model] = deque(maxlen=self._window)
+                return
             history.append(obs)
-            last, scatter, since = self._fitted.get(model, (None, 0.0, 0))
-            if not overflowed and last is not None and since < REFIT_EVERY:
-                expected = last.predict(obs)
-                explained = min(MAX_EXPLAINED, max(DEADBAND / 2, 2 * scatter))
+            now = self._clock()
+            fits = self._fits[model]
+            last = fits.get(client)
+            if not overflowed and last is not None and last.since < REFIT_EVERY:
+                expected = last.fit.predict(obs)
+                explained = min(MAX_EXPLAINED, max(DEADBAND / 2, 2 * last.scatter))
                 if abs(expected - obs.actual) <= explained * max(expected, DEADBAND_FLOOR):
-                    self._fitted[model] = (last, scatter, since + 1)
+                    fits[client] = replace(last, heard=now, since=last.since + 1)
                     return
             fitted = fit(history, bounds)
-            self._fitted[model] = (fitted, _scatter(fitted, history), 0)
+            backed = overflowed or (last is not None and last.backed)
+            scatter = _scatter(fitted, history)
+            fits[client] = ClientFit(fitted, evidence(history), now, scatter, backed=backed)
+            shared = consensus(fits.values(), now)
             applied = self._applied.get(model, NEUTRAL)
             if overflowed:
-                self._applied[model] = reaching(fitted, obs, bounds)
-            elif moved(applied, fitted, history):
-                self._applied[model] = fitted
+                self._applied[model] = reaching(shared, obs, bounds)
+            elif moved(applied, shared, self._all(model)):
+                self._applied[model] = shared
             self._changes += self._applied.get(model, NEUTRAL) != applied
+
+    def _all(self, model: str) -> Iterator[Observation]:
+        for history in self._history[model].values():
+            yield from history

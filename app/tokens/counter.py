@@ -61,8 +61,16 @@ class TokenCounter(Protocol):
     def is_exact(self, model: str) -> bool: ...
 
     def observe(
-        self, model: str, sent: Mapping[str, Any], actual: int, *, overflowed: bool = False
+        self,
+        model: str,
+        sent: Mapping[str, Any],
+        actual: int,
+        *,
+        overflowed: bool = False,
+        client: str = "",
     ) -> None: ...
+
+    def guessed_tokens(self, model: str, body: Mapping[str, Any]) -> int: ...
 
     def calibration_factors(self) -> dict[str, float]: ...
 
@@ -181,11 +189,22 @@ class ChatTokenCounter(RawCounter):
 
     # -- calibration -------------------------------------------------------------------------
     def observe(
-        self, model: str, sent: Mapping[str, Any], actual: int, *, overflowed: bool = False
+        self,
+        model: str,
+        sent: Mapping[str, Any],
+        actual: int,
+        *,
+        overflowed: bool = False,
+        client: str = "",
     ) -> None:
         """Calibrate on the upstream's count (`actual`) of the request body `sent` (recounted
-        raw, cheap through the cache). `overflowed`: the count came from an overflow error, so
-        the correction applies at once and counts this body at least that big."""
+        raw, cheap through the cache), for `client` (its identity: one client's requests move
+        the correction every client's counts use only so far). `overflowed`: the count came from
+        an overflow error, so the correction applies at once and counts this body at least that
+        big. A body with guessed parts (images, documents, files, audio) teaches nothing: what
+        the upstream made of them is not told apart from what it made of the text."""
+        if self.raw_guessed(model, sent):
+            return
         observation = Observation(
             raw=float(self.raw_request(model, sent)),
             messages=len(_messages_of(sent)),
@@ -194,7 +213,12 @@ class ChatTokenCounter(RawCounter):
             tools=has_tools(sent),
         )
         bounds = EXACT_BOUNDS if self.is_exact(model) else HEURISTIC_BOUNDS
-        self._calibration.observe(model, observation, bounds, overflowed=overflowed)
+        self._calibration.observe(model, observation, bounds, overflowed=overflowed, client=client)
+
+    def guessed_tokens(self, model: str, body: Mapping[str, Any]) -> int:
+        """How many tokens of `body`'s count are guessed, not measured (`raw_guessed`,
+        calibrated)."""
+        return _whole(self.raw_guessed(model, body) * self._correction(model).content)
 
     def counting(self, model: str) -> Hashable:
         """What `model`'s counts depend on besides the message: the encoding and the

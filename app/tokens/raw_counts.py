@@ -1,6 +1,7 @@
 """Uncalibrated token counts: one message (role, content parts, name, tool calls, reasoning
 fields), and the prompt outside the messages (tool definitions, schemas, a top-level system
-prompt), with tiktoken's encoding where the model's family has one, else the heuristic."""
+prompt), with tiktoken's encoding where the model's family has one, else the heuristic; and
+how much of a count is guessed (images, documents, files, audio: sized by rule, not measured)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ PER_NAME = 1
 REPLY_PRIMING = 3
 PER_TOOL_CALL = 7  # framing of one call in the prompt (id, type, function wrapper)
 PER_TOOL_DEFINITION = 8
-PER_OPAQUE_PART = 1000  # audio or file parts: their size in tokens is not knowable here
+PER_OPAQUE_PART = 1000  # audio, file or document parts: their size in tokens is not knowable here
 
 LONG_TEXT = 200_000  # longer texts are encoded in pieces (BPE cost grows faster than linear)
 
@@ -51,7 +52,8 @@ def _strings(value: Any) -> Iterator[str]:
 
 TextCount = Callable[[str], int]  # one text's raw tokens under one encoding (or the heuristic)
 _IMAGE_PARTS = frozenset({"image_url", "input_image", "image"})
-_OPAQUE_PARTS = frozenset({"input_audio", "file", "input_file"})
+_OPAQUE_PARTS = frozenset({"input_audio", "file", "input_file", "document"})
+GUESSED_PARTS = _IMAGE_PARTS | _OPAQUE_PARTS  # parts whose count is a rule's guess
 _MODEL_MEMO_SIZE = 1024
 
 
@@ -237,6 +239,28 @@ class RawCounter:
                 # field: counted, because some templates render them and overcounting is safe.
                 total += self._value(count, value)
         return total
+
+    def _guessed(self, model: str, content: Any) -> int:
+        if not isinstance(content, list):
+            return 0
+        return sum(
+            self._part(_heuristic, model, part)
+            for part in content
+            if isinstance(part, dict) and part.get("type") in GUESSED_PARTS
+        )
+
+    def raw_guessed(self, model: str, body: Mapping[str, Any]) -> int:
+        """How many of the uncalibrated tokens of `body` (a chat-shaped view) are guessed, not
+        measured: its image, document, file and audio parts. The upstream may bill them at a
+        fraction or a multiple of the guess, so a count that includes them is no evidence of a
+        cut prompt, nor of how the counter counts (DESIGN.md §7 Isolation)."""
+        messages = body.get("messages")
+        total = sum(
+            self._guessed(model, message.get("content"))
+            for message in (messages if isinstance(messages, list) else ())
+            if isinstance(message, Mapping)
+        )
+        return total + sum(self._guessed(model, body.get(k)) for k in ("instructions", "system"))
 
     def _json_text(self, encoding: str | None, value: Any) -> int:
         """Tokens of `value`'s JSON text (tool definitions, schemas): cached by content hash

@@ -4,7 +4,10 @@ Precedence (DESIGN.md §5): request header > `INFLIGHT_CONTEXT_LIMIT` > learned 
 upstream overflow error > discovered from the upstream > `models.toml` > fallback. A learned
 window is the upstream's own statement, so it replaces what discovery said (a server started
 with a smaller context than it advertises); it is never more than that: an explicit limit, from
-the client or the operator, always wins over it.
+the client or the operator, always wins over it. A window inferred from a silent cut (one
+client's answer counted short, app/windows/silent.py) is that client's alone until
+`SILENT_QUORUM` distinct clients saw one (DESIGN.md §7 Isolation); then the largest window
+that many agree on is learned for all.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from app.lru import BoundedLRU
 from app.windows.table import ModelTable
 
 logger = logging.getLogger(__name__)
+SILENT_QUORUM = 3  # distinct clients whose silent cuts make a window everyone's
+MAX_REPORTERS = 16  # clients whose silent cuts are kept per (base URL, model)
 
 
 class LimitSource(StrEnum):
@@ -93,6 +98,10 @@ class WindowRegistry:
         )
         self._pending: SingleFlight[tuple[str, str], int | None] = SingleFlight(DiscoveryAbandoned)
         self._learned: BoundedLRU[tuple[str, str], int] = BoundedLRU(max_keys)
+        # per (base URL, model): each client's last silently cut window, oldest first
+        self._silent: BoundedLRU[tuple[str, str], tuple[tuple[str, int], ...]] = BoundedLRU(
+            max_keys
+        )
 
     @property
     def table(self) -> ModelTable:
@@ -102,6 +111,22 @@ class WindowRegistry:
         """Remember the window an upstream's overflow error named (exactly that: a prompt that
         fits it but still failed was miscounted, which is calibration's business)."""
         self._learned.put((base_url, model), window)
+
+    def learn_silent(self, base_url: str, model: str, window: int, client: str) -> None:
+        """Remember the window `client` saw the upstream cut a prompt to (silently): its own
+        window from now on; every client's once `SILENT_QUORUM` distinct clients saw one."""
+        key = (base_url, model)
+        others = [(c, w) for c, w in self._silent.get(key) or () if c != client]
+        self._silent.put(key, (*others[-(MAX_REPORTERS - 1) :], (client, window)))
+
+    def _silent_window(self, key: tuple[str, str], client: str) -> int | None:
+        """The silently learned window for `client`: its own, or the largest one at least
+        `SILENT_QUORUM` clients saw a cut at or under, whichever is smaller."""
+        reports = dict(self._silent.get(key) or ())
+        windows = sorted(reports.values())
+        agreed = windows[SILENT_QUORUM - 1] if len(windows) >= SILENT_QUORUM else None
+        found = [w for w in (reports.get(client), agreed) if w is not None]
+        return min(found) if found else None
 
     def learned(self) -> dict[str, int]:
         """Windows learned from overflow errors, as `model@base_url` (for /stats)."""
@@ -140,14 +165,19 @@ class WindowRegistry:
         setting_limit: int | None = None,
         discovered: int | None = None,
         betas: Collection[str] = (),
+        client: str = "",
     ) -> Window:
         """The window from what is known without asking the upstream (all the CLI has).
-        `betas`: the request's `anthropic-beta` flags (a table entry may unlock more with one)."""
+        `betas`: the request's `anthropic-beta` flags (a table entry may unlock more with one);
+        `client`: who asks (`app.http.auth.client_identity`; its own silent cuts apply)."""
         entry = self._table.lookup(model)
+        key = (base_url, model)
+        found = (self._learned.get(key), self._silent_window(key, client))
+        learned = [w for w in found if w is not None]
         return resolve_window(
             header=header_limit,
             setting=setting_limit,
-            learned=self._learned.get((base_url, model)),
+            learned=min(learned) if learned else None,
             discovered=discovered,
             table=entry.window(betas) if entry is not None else None,
             fallback=self._table.fallback_window,
@@ -161,9 +191,10 @@ class WindowRegistry:
         header_limit: int | None = None,
         setting_limit: int | None = None,
         betas: Collection[str] = (),
+        client: str = "",
     ) -> Window:
         """The window for `model` at `base_url`; discovery runs only when it could matter.
-        `betas`: as in `known_window`."""
+        `betas`, `client`: as in `known_window`."""
         forced = header_limit is not None or setting_limit is not None
         discovered = (
             None
@@ -177,4 +208,5 @@ class WindowRegistry:
             setting_limit=setting_limit,
             discovered=discovered,
             betas=betas,
+            client=client,
         )

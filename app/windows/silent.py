@@ -10,6 +10,10 @@ trusted: the model's tokenizer is exact, or the counter has calibrated on this m
 answers. That second case is the one Ollama users meet: the table (or discovery) says 128k, the
 server runs a 2k–8k `num_ctx`, the conversation grows past it, and only the reported count
 stops growing — a trusted estimate 30 % over it is no counting error.
+
+The estimate compared is the measured part only: images, documents, files and audio are sized
+by a guess (a PDF billed at a quarter of it is no cut), so they count as nothing here. And what
+one client saw is its own window until others saw it too (app/windows/registry.py).
 """
 
 from __future__ import annotations
@@ -41,19 +45,20 @@ def learn_silent_cut(
     reported: int | None,
     sent: tuple[int, int],
     trusted: bool = False,
+    client: str = "",
 ) -> bool:
     """Whether the upstream at `base_url` cut a prompt of `model` silently, by the `reported`
-    prompt tokens and what was `sent` (the estimate, the window assumed). If so, the window it
-    evidently holds is learned — never a larger one than assumed — and a WARNING says so,
-    without any content."""
+    prompt tokens and what was `sent` (the estimate of its measured part — without guessed
+    parts —, the window assumed). If so, the window it evidently holds is learned for `client`
+    — never a larger one than assumed — and a WARNING says so, without any content."""
     estimate, window = sent
     if reported is None or not silently_truncated(reported, estimate, window, trusted):
         return False
     if reported < window:
-        windows.learn(base_url, model, reported)
+        windows.learn_silent(base_url, model, reported, client)
     logger.warning(
         "upstream %s silently truncated a prompt of %s: it counted %d tokens of the ~%d sent "
-        "(window assumed: %d tokens); now assuming a window of %d",
+        "(window assumed: %d tokens); now assuming a window of %d for this client",
         redact_url(base_url), model, reported, estimate, window, min(reported, window),
     )  # fmt: skip
     return True

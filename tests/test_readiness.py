@@ -164,3 +164,11 @@ async def test_an_unreachable_redis_cache_is_not_ready(tmp_path: Path) -> None:
     assert response.status_code == 503
     assert response.json()["cache"] is False
     assert response.json()["store"] is True
+
+
+async def test_without_any_readyz_hit_the_probe_still_runs_each_interval(tmp_path: Path) -> None:
+    probed = Probed()
+    app = _app(tmp_path, probed, ready_interval=0.05)
+    async with app.router.lifespan_context(app):
+        await probed.next_probes(2)
+    assert app.state.inflight.readiness.probes >= 2

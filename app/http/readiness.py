@@ -48,7 +48,9 @@ async def _bounded(name: str, check: Check, within: float) -> bool:
 
 class Readiness:
     """Runs the checks every `interval` seconds in one background task (`start`, `aclose`,
-    from the app's lifespan) and keeps the last result."""
+    from the app's lifespan) and keeps the last result. The first probe runs when `/readyz`
+    first asks (or after one interval), not at startup: a process nobody probes sends nothing
+    upstream of its own before its first interval."""
 
     def __init__(self, checks: Mapping[str, Check], *, interval: float, timeout: float) -> None:
         self._checks = dict(checks)
@@ -56,6 +58,7 @@ class Readiness:
         self._timeout = timeout
         self._state: ReadyState | None = None
         self._probed = asyncio.Event()
+        self._wanted = asyncio.Event()  # a caller waits for the first result
         self._task: asyncio.Task[None] | None = None
         self.probes = 0  # probes run since start (each runs every check once)
 
@@ -84,15 +87,19 @@ class Readiness:
         return state
 
     async def _run(self) -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self._interval):
+                await self._wanted.wait()
         while True:
             await self.probe()
             await asyncio.sleep(self._interval)
 
     async def current(self) -> ReadyState:
-        """The last probe's result. Before the first one has ended, the first one's (awaited,
-        within the timeout: every caller waits on that same probe); with no probe running at
-        all (an app whose lifespan did not start), not ready."""
+        """The last probe's result. Before there is one, the first probe's (started now if it
+        has not, and awaited within the timeout: every caller waits on that same probe); with
+        no background task at all (an app whose lifespan did not start), not ready."""
         if self._state is None and self._task is not None:
+            self._wanted.set()
             with contextlib.suppress(TimeoutError):  # still probing: not ready yet
                 async with asyncio.timeout(self._timeout + 1.0):
                     await self._probed.wait()

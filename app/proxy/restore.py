@@ -11,7 +11,9 @@ the model must answer. The client never sees the tool, the calls or the extra me
 call the proxy does not answer (the last round's, or one after text a stream already relayed)
 is dropped from what the client gets, and an answer that was nothing else says `NO_ANSWER`.
 The usage it gets (and the one usage record) is the sum of every round; when a later round
-fails, the client gets that failure and the record still has the rounds before it.
+fails, the client gets that failure and the record still has the rounds before it. What a
+client must send back first (Messages: the signed thinking before a restore call) leads its
+answer. A client that hangs up during the rounds stops them at once (`unless_hung_up`).
 
 This module is the loop, on any API through its `Dialect` (where the APIs differ:
 `restore_chat.py`, `restore_responses.py`, `restore_messages.py`); `restore_stream.py` holds
@@ -20,10 +22,11 @@ back a stream until its kind is known.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
+import anyio
 import orjson
 
 from app.compaction.refs import REF_SUFFIX_RE
@@ -83,6 +86,15 @@ class Dialect(Protocol):
         """The assistant turn to append: the answer with only its restore calls."""
         ...
 
+    def lead(self, answer: Any) -> list[dict[str, Any]]:
+        """What of an answered round the client's answer must begin with (Messages: its
+        signed thinking, which a client with thinking on must send back first); often none."""
+        ...
+
+    def led(self, answer: dict[str, Any], lead: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        """The final JSON answer beginning with `lead` (the earlier rounds' `lead`s)."""
+        ...
+
     def replies(self, answers: list[tuple[str, str]]) -> list[dict[str, Any]]:
         """The tool answers to append, as (call id, text)."""
         ...
@@ -111,8 +123,9 @@ class Dialect(Protocol):
         earlier even when it is not offered); `NO_ANSWER` as its text when nothing is left."""
         ...
 
-    def stray(self) -> EventEdit:
-        """A new edit for one relayed stream: the same, event by event."""
+    def stray(self, lead: Sequence[dict[str, Any]] = ()) -> EventEdit:
+        """A new edit for one relayed stream: without the calls, beginning with `lead`, event
+        by event."""
         ...
 
 
@@ -126,6 +139,28 @@ def dicts_in(answer: Any, key: str) -> list[dict[str, Any]]:
     """The objects in the list `answer[key]` (an answer's output items or content blocks)."""
     found = answer.get(key) if isinstance(answer, dict) else None
     return [x for x in found if isinstance(x, dict)] if isinstance(found, list) else []
+
+
+def by_index(index: Any) -> tuple[int, int, str]:
+    """The sort key of a streamed part's `index`: numbers in numeric order (0, 1, …, 10), then
+    whatever a malformed upstream sent instead."""
+    if isinstance(index, int) and not isinstance(index, bool):
+        return 0, index, ""
+    return 1, 0, str(index)
+
+
+def hashable(index: Any) -> Any:
+    """A streamed part's `index` as a dict key (a malformed upstream's list or object: None)."""
+    return index if isinstance(index, int | str) or index is None else None
+
+
+def client_tools(body: Mapping[str, Any]) -> list[Any] | None:
+    """The client's `tools` beside which the proxy's tool may be offered (absent or null: none
+    yet); None when they are of a type the proxy does not read (forwarded as received)."""
+    tools = body.get("tools")
+    if tools is None:
+        return []
+    return tools if isinstance(tools, list) else None
 
 
 def names_tool(tools: Any, name_of: Callable[[dict[str, Any]], Any]) -> bool:
@@ -147,6 +182,7 @@ class RestoreLoop:
     calls: int = 0  # restore calls answered
     usage: Usage | None = None  # of the rounds before the current one
     extra: list[dict[str, Any]] = field(default_factory=list)  # the turns appended so far
+    lead: list[dict[str, Any]] = field(default_factory=list)  # what the client's answer begins
 
     @classmethod
     def start(
@@ -157,8 +193,12 @@ class RestoreLoop:
         room_tokens: int,
     ) -> RestoreLoop | None:
         """A loop for `body` (the compacted body), or None when restore has nothing to offer
-        or may not offer a tool (the request is then forwarded exactly as before)."""
-        if not refs or dialect.forbids(body) or not marked_refs(body.get(dialect.history), refs):
+        or may not offer a tool (the request is then forwarded exactly as before): also when
+        the history is no list or `tools` neither a list nor null (the upstream judges those)."""
+        history = body.get(dialect.history)
+        if not refs or not isinstance(history, list) or client_tools(body) is None:
+            return None
+        if dialect.forbids(body) or not marked_refs(history, refs):
             return None
         room = max(0, room_tokens - TOOL_TOKENS) * CHARS_PER_TOKEN
         return cls(dialect, dict(body), refs, room)
@@ -174,7 +214,7 @@ class RestoreLoop:
         if self.extra:
             out[self.dialect.history] = [*self.body[self.dialect.history], *self.extra]
         if self.offering:
-            out["tools"] = [*(self.body.get("tools") or ()), self.dialect.tool()]
+            out["tools"] = [*(client_tools(self.body) or ()), self.dialect.tool()]
         return out
 
     def answer(self, answer: Any, calls: list[dict[str, Any]]) -> None:
@@ -187,6 +227,7 @@ class RestoreLoop:
         ]
         texts = [(c[key], self.resolve(self.dialect.arguments(c))) for c in named]
         self.extra += [*self.dialect.turn(answer, named), *self.dialect.replies(texts)]
+        self.lead += self.dialect.lead(answer)
         self.calls += len(named)
         usage = self.dialect.usage(answer)
         self.usage = usage if self.usage is None else self.usage.plus(usage)
@@ -228,8 +269,10 @@ class RestoreLoop:
         stray = bool(self.dialect.calls(answer))  # the last round's: not answered
         if stray:
             answer = self.dialect.without_calls(answer)
+        if self.lead:
+            answer = self.dialect.led(answer, self.lead)
         shown = self.dialect.visible(answer)
-        if self.usage is None and shown is None and not stray:
+        if self.usage is None and shown is None and not stray and not self.lead:
             return content
         shown = answer if shown is None else shown
         if self.usage is not None:
@@ -242,7 +285,7 @@ class RestoreLoop:
         records them), the calls to the tool to drop, and the tool to hide from the events
         that echo `tools`."""
         tap.carry = tap.usage = self.usage
-        tap.edit = self.dialect.stray()
+        tap.edit = self.dialect.stray(self.lead)
         if self.dialect.visible({"tools": [self.dialect.tool()]}) is not None:
             tap.hide_tool = TOOL_NAME
 
@@ -258,7 +301,7 @@ def offer(compacted: Compacted, dialect: Dialect) -> tuple[RestoreLoop, Compacte
     if loop is None:
         return None
     body = loop.request()
-    view = {**compacted.view, "tools": [*compacted.view.get("tools", ()), dialect.tool()]}
+    view = {**compacted.view, "tools": [*(client_tools(compacted.view) or ()), dialect.tool()]}
     return loop, replace(compacted, body=body, forward=orjson.dumps(body), view=view)
 
 
@@ -271,6 +314,46 @@ def restore_headers(loop: RestoreLoop) -> dict[str, str]:
 
 
 Send = Callable[[dict[str, Any]], Awaitable["httpx.Response"]]  # one round's body -> its answer
+Receive = Callable[[], Awaitable[Mapping[str, Any]]]  # the client request's ASGI `receive`
+T = TypeVar("T")
+
+
+async def unless_hung_up(
+    receive: Receive, first: httpx.Response, send: Send, rounds: Callable[[Send], Awaitable[T]]
+) -> tuple[T] | None:
+    """Restore's `rounds` (on the first round's answer `first`, the next ones asked through
+    `send`), or None when the client hung up first: then they stop at once — the upstream
+    answer being read is closed and no other round starts (each would resend the prompt)."""
+    opened = [first]
+
+    async def tracked(body: dict[str, Any]) -> httpx.Response:
+        response = await send(body)
+        opened.append(response)
+        return response
+
+    done: list[T] = []
+    failed: list[Exception] = []
+    async with anyio.create_task_group() as group:
+        group.start_soon(_cancel_on_hang_up, receive, group.cancel_scope)
+        try:
+            done.append(await rounds(tracked))
+        except Exception as exc:  # noqa: BLE001 - raised below as itself, not in a group
+            failed.append(exc)
+        group.cancel_scope.cancel()
+    if failed:
+        raise failed[0]
+    if done:
+        return (done[0],)
+    with anyio.CancelScope(shield=True):
+        for response in opened:
+            await response.aclose()
+    return None
+
+
+async def _cancel_on_hang_up(receive: Receive, scope: anyio.CancelScope) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        continue
+    scope.cancel()
 
 
 async def follow_json(

@@ -3,10 +3,19 @@ as `tool` messages, usage as `prompt_tokens`/`completion_tokens`, streamed delta
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from app.proxy.restore import DESCRIPTION, NO_ANSWER, PARAMETERS, TOOL_NAME, Kind, names_tool
+from app.proxy.restore import (
+    DESCRIPTION,
+    NO_ANSWER,
+    PARAMETERS,
+    TOOL_NAME,
+    Kind,
+    by_index,
+    hashable,
+    names_tool,
+)
 from app.proxy.sse_tap import Usage
 
 
@@ -57,6 +66,12 @@ class ChatDialect:
         content = _message(answer).get("content")
         return [{"role": "assistant", "content": content, "tool_calls": calls}]
 
+    def lead(self, answer: Any) -> list[dict[str, Any]]:
+        return []
+
+    def led(self, answer: dict[str, Any], lead: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        return answer
+
     def replies(self, answers: list[tuple[str, str]]) -> list[dict[str, Any]]:
         return [{"role": "tool", "tool_call_id": i, "content": text} for i, text in answers]
 
@@ -89,16 +104,18 @@ class ChatDialect:
         for event in events:
             usage = event.get("usage") or usage
             choices = event.get("choices")
-            delta = choices[0].get("delta") if isinstance(choices, list) and choices else None
+            first = choices[0] if isinstance(choices, list) and choices else None
+            delta = first.get("delta") if isinstance(first, dict) else None
             if not isinstance(delta, dict):
                 continue
             if isinstance(delta.get("content"), str):
                 content.append(delta["content"])
-            for part in delta.get("tool_calls") or ():
+            parts = delta.get("tool_calls")
+            for part in parts if isinstance(parts, list) else ():
                 if isinstance(part, dict):
                     _add_part(calls, part)
         message: dict[str, Any] = {"role": "assistant", "content": "".join(content) or None}
-        message["tool_calls"] = [calls[k] for k in sorted(calls, key=str)]
+        message["tool_calls"] = [calls[k] for k in sorted(calls, key=by_index)]
         return {"choices": [{"index": 0, "message": message}], "usage": usage}
 
     def without_calls(self, answer: dict[str, Any]) -> dict[str, Any]:
@@ -108,7 +125,7 @@ class ChatDialect:
             return answer
         return {**answer, "choices": [_choice_without_calls(c) for c in choices]}
 
-    def stray(self) -> StrayCalls:
+    def stray(self, lead: Sequence[dict[str, Any]] = ()) -> StrayCalls:
         return StrayCalls()
 
 
@@ -201,10 +218,13 @@ class StrayCalls:
 
 def _add_part(calls: dict[Any, dict[str, Any]], part: dict[str, Any]) -> None:
     """One streamed piece of a tool call, joined to the call its `index` names."""
-    index = part.get("index", len(calls))
+    index = hashable(part.get("index", len(calls)))
     call = calls.setdefault(index, {"type": "function", "function": {"arguments": ""}})
     call["id"] = part.get("id") or call.get("id")
-    function = part.get("function") or {}
+    function = part.get("function")
+    if not isinstance(function, dict):
+        return
     if function.get("name"):
         call["function"]["name"] = function["name"]
-    call["function"]["arguments"] += function.get("arguments") or ""
+    arguments = function.get("arguments")
+    call["function"]["arguments"] += arguments if isinstance(arguments, str) else ""

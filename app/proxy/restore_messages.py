@@ -4,7 +4,7 @@ reads and writes, and the content-block events of a stream."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -15,12 +15,15 @@ from app.proxy.restore import (
     PARAMETERS,
     TOOL_NAME,
     Kind,
+    by_index,
     dicts_in,
+    hashable,
     names_tool,
 )
 from app.proxy.sse_tap import ANTHROPIC_COUNTS, Usage, anthropic_counts
 
-KEPT = ("thinking", "redacted_thinking", "text")  # blocks the appended turn keeps (signed)
+THINKING = ("thinking", "redacted_thinking")  # signed: passed back as they came
+KEPT = (*THINKING, "text")  # blocks the appended turn keeps
 
 
 class MessagesDialect:
@@ -57,6 +60,15 @@ class MessagesDialect:
         ]
         return [{"role": "assistant", "content": [*kept, *calls]}]
 
+    def lead(self, answer: Any) -> list[dict[str, Any]]:
+        """The round's thinking blocks: with thinking on, the client's answer is its assistant
+        turn, which must begin with the signed thinking the model did before it called the
+        tool (the turn then goes on with the final round's blocks)."""
+        return [b for b in dicts_in(answer, "content") if b.get("type") in THINKING]
+
+    def led(self, answer: dict[str, Any], lead: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        return {**answer, "content": [*lead, *dicts_in(answer, "content")]}
+
     def replies(self, answers: list[tuple[str, str]]) -> list[dict[str, Any]]:
         results = [
             {"type": "tool_result", "tool_use_id": i, "content": text} for i, text in answers
@@ -67,7 +79,8 @@ class MessagesDialect:
         return Usage.from_anthropic(answer.get("usage")) if isinstance(answer, dict) else None
 
     def with_usage(self, answer: dict[str, Any], total: Usage) -> dict[str, Any]:
-        usage = dict(answer.get("usage") or {})
+        stated = answer.get("usage")
+        usage = dict(stated) if isinstance(stated, dict) else {}
         for key, count in zip(ANTHROPIC_COUNTS, anthropic_counts(total), strict=True):
             if count or key in usage or key in ("input_tokens", "output_tokens"):
                 usage[key] = count
@@ -103,15 +116,19 @@ class MessagesDialect:
             elif kind == "content_block_delta" and _index(event) in blocks:
                 _add_delta(blocks[_index(event)], event.get("delta"), partial, _index(event))
             elif kind == "message_delta":
-                message.update(event.get("delta") or {})
-                usage = {**(message.get("usage") or {}), **(event.get("usage") or {})}
-                message["usage"] = usage
+                delta, usage = event.get("delta"), event.get("usage")
+                message.update(delta if isinstance(delta, dict) else {})
+                before = message.get("usage")
+                message["usage"] = {
+                    **(before if isinstance(before, dict) else {}),
+                    **(usage if isinstance(usage, dict) else {}),
+                }
         for index, text in partial.items():
             try:
                 blocks[index]["input"] = orjson.loads(text) if text else {}
             except orjson.JSONDecodeError:
                 blocks[index]["input"] = text
-        message["content"] = [blocks[k] for k in sorted(blocks, key=str)]
+        message["content"] = [blocks[k] for k in sorted(blocks, key=by_index)]
         return message
 
     def without_calls(self, answer: dict[str, Any]) -> dict[str, Any]:
@@ -125,14 +142,13 @@ class MessagesDialect:
             out["stop_reason"] = "end_turn"
         return out
 
-    def stray(self) -> StrayUses:
-        return StrayUses()
+    def stray(self, lead: Sequence[dict[str, Any]] = ()) -> StrayUses:
+        return StrayUses(list(lead))
 
 
 def _index(event: Mapping[str, Any]) -> Any:
     """An event's block `index`, hashable (a malformed upstream's list or object: None)."""
-    index = event.get("index")
-    return index if isinstance(index, int | str) or index is None else None
+    return hashable(event.get("index"))
 
 
 ANSWERING = ("text", "tool_use", "server_tool_use")  # blocks that are an answer (not thinking)
@@ -154,32 +170,42 @@ class StrayUses:
     """A Messages stream without `inflight_restore` blocks: their `content_block_*` events are
     dropped and the later blocks renumbered (clients index the content list by `index`); a
     `tool_use` stop with no call left becomes `end_turn`, after a `NO_ANSWER` text block when
-    no text or call came."""
+    no text or call came. The `lead` blocks (earlier rounds' thinking) come first, right after
+    `message_start`, and the stream's own blocks after them."""
 
-    def __init__(self) -> None:
+    def __init__(self, lead: list[dict[str, Any]] | None = None) -> None:
+        self.lead = lead or []  # blocks still to send first (emptied once sent)
+        self.shift = len(self.lead)  # the stream's blocks come after these
         self.index: dict[Any, int | None] = {}  # block index -> new index, None: dropped
         self.answering = False  # a text or client call block has started
         self.uses = False  # a client `tool_use` block has started
 
     def wants(self, payload: bytes) -> bool:
-        return b"content_block_start" in payload or (
-            len(self.index) > sum(v is not None for v in self.index.values())  # one dropped
-            and (b'"index"' in payload or b"message_delta" in payload)
+        return (
+            b"content_block_start" in payload
+            or (bool(self.lead) and b"message_start" in payload)
+            or (
+                (self.shift > 0 or None in self.index.values())
+                and (b'"index"' in payload or b"message_delta" in payload)
+            )
         )
 
     def apply(self, event: dict[str, Any]) -> list[dict[str, Any]]:
         kind = event.get("type")
+        if kind == "message_start" and self.lead:
+            lead, self.lead = self.lead, []
+            return [event, *(e for at, b in enumerate(lead) for e in _block_events(at, b))]
         if kind == "content_block_start":
             block = event.get("content_block")
             if _restore_use(block):
-                self.index[event.get("index")] = None
+                self.index[_index(event)] = None
                 return []
             if isinstance(block, dict):
                 self.answering |= block.get("type") in ANSWERING
                 self.uses |= block.get("type") == "tool_use"
-            self.index[event.get("index")] = sum(v is not None for v in self.index.values())
+            self.index[_index(event)] = self._kept()
         if kind in ("content_block_start", "content_block_delta", "content_block_stop"):
-            new = self.index.get(event.get("index"), event.get("index"))
+            new = self.index.get(_index(event), event.get("index"))
             if new is None:
                 return []
             return [event] if new == event.get("index") else [{**event, "index": new}]
@@ -195,7 +221,7 @@ class StrayUses:
             event = {**event, "delta": {**delta, "stop_reason": "end_turn"}}
         if self.answering:
             return [event]
-        at = sum(v is not None for v in self.index.values())
+        at = self._kept()
         text = {"type": "text_delta", "text": NO_ANSWER}
         return [
             {
@@ -207,6 +233,27 @@ class StrayUses:
             {"type": "content_block_stop", "index": at},
             event,
         ]
+
+    def _kept(self) -> int:
+        """The index of the next block the client sees."""
+        return self.shift + sum(v is not None for v in self.index.values())
+
+
+def _block_events(at: int, block: dict[str, Any]) -> list[dict[str, Any]]:
+    """A whole block as the events that stream it at `index` `at`: thinking as its text and
+    its signature in deltas (as Anthropic streams it), any other block whole at its start."""
+    if block.get("type") != "thinking":
+        start = {"type": "content_block_start", "index": at, "content_block": block}
+        return [start, {"type": "content_block_stop", "index": at}]
+    empty = {"type": "thinking", "thinking": "", "signature": ""}
+    thinking = {"type": "thinking_delta", "thinking": str(block.get("thinking", ""))}
+    signature = {"type": "signature_delta", "signature": str(block.get("signature", ""))}
+    return [
+        {"type": "content_block_start", "index": at, "content_block": empty},
+        {"type": "content_block_delta", "index": at, "delta": thinking},
+        {"type": "content_block_delta", "index": at, "delta": signature},
+        {"type": "content_block_stop", "index": at},
+    ]
 
 
 def _add_delta(block: dict[str, Any], delta: Any, partial: dict[Any, str], index: Any) -> None:

@@ -5,7 +5,7 @@ object, so the proxy's tool is taken out of what the client sees (JSON and strea
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from app.proxy.restore import (
@@ -57,6 +57,12 @@ class ResponsesDialect:
         restore calls."""
         return [*(i for i in dicts_in(answer, "output") if i.get("type") in CARRIED), *calls]
 
+    def lead(self, answer: Any) -> list[dict[str, Any]]:
+        return []  # a reasoning item goes with the item after it, which the client never sees
+
+    def led(self, answer: dict[str, Any], lead: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        return answer
+
     def replies(self, answers: list[tuple[str, str]]) -> list[dict[str, Any]]:
         return [
             {"type": "function_call_output", "call_id": i, "output": text} for i, text in answers
@@ -86,7 +92,8 @@ class ResponsesDialect:
         """The response object of the final event (it holds every output item and usage)."""
         for event in reversed(events):
             response = event.get("response")
-            if isinstance(response, dict) and event.get("type", "").startswith("response."):
+            kind = event.get("type")
+            if isinstance(response, dict) and str(kind).startswith("response."):
                 return response
         return {}
 
@@ -98,7 +105,7 @@ class ResponsesDialect:
             output.append(no_answer(len(output)))
         return {**answer, "output": output}
 
-    def stray(self) -> StrayItems:
+    def stray(self, lead: Sequence[dict[str, Any]] = ()) -> StrayItems:
         return StrayItems()
 
 
@@ -124,11 +131,14 @@ class StrayItems:
     """A Responses stream without `inflight_restore` calls: the events of those output items
     are dropped, the later items renumbered (`output_index`), and the response objects the
     events carry list only the rest; when no message or call is left, `response.completed`
-    comes after a `NO_ANSWER` message item (its `added` and `done` events)."""
+    comes after a `NO_ANSWER` message item (its `added` and `done` events). From the first
+    event dropped on, every event is renumbered (`sequence_number`: contiguous, as clients
+    check)."""
 
     def __init__(self) -> None:
         self.index: dict[Any, int | None] = {}  # output index -> new index, None: dropped
         self.answering = False  # a message or client call item has been added
+        self.seq: int | None = None  # once renumbering: the next event's sequence_number
 
     @property
     def _dropped(self) -> bool:
@@ -144,9 +154,25 @@ class StrayItems:
             or (
                 self._dropped and (b'"output_index"' in payload or b"response.completed" in payload)
             )
+            or (self.seq is not None and b'"sequence_number"' in payload)
         )
 
     def apply(self, event: dict[str, Any]) -> list[dict[str, Any]]:
+        out = self._edited(event)
+        number = event.get("sequence_number")
+        if self.seq is None and len(out) != 1 and isinstance(number, int):
+            self.seq = number  # the first event dropped (or added): the rest take its number
+        if self.seq is None:
+            return out
+        numbered = []
+        for each in out:
+            if each.get("sequence_number") != self.seq:
+                each = {**each, "sequence_number": self.seq}
+            numbered.append(each)
+            self.seq += 1
+        return numbered
+
+    def _edited(self, event: dict[str, Any]) -> list[dict[str, Any]]:
         at = event.get("output_index")
         if event.get("type") == "response.output_item.added" and at not in self.index:
             item = event.get("item")

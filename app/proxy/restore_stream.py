@@ -20,13 +20,14 @@ from typing import Any
 import httpx
 import orjson
 
-from app.proxy.restore import Dialect, Kind, RestoreLoop, Send
+from app.proxy.restore import Dialect, Kind, RestoreLoop, Send, follow_json
 from app.proxy.upstream import upstream_errors
 
 
 @dataclass(slots=True)
 class Held:
-    """The round to relay: its response, the bytes read from it so far, and the rest."""
+    """The round to relay: its response, the bytes read from it so far (a JSON answer: the
+    body to relay), and the rest."""
 
     upstream: httpx.Response
     head: bytes
@@ -113,3 +114,12 @@ async def follow_stream(loop: RestoreLoop, upstream: httpx.Response, send: Send)
         upstream = await send(loop.request())
         if upstream.status_code >= 400:
             return Held(upstream, b"", _nothing())
+
+
+async def follow(loop: RestoreLoop, upstream: httpx.Response, send: Send, *, stream: bool) -> Held:
+    """Restore's rounds on a first answer that succeeded, a stream's (`follow_stream`) or a
+    JSON answer's (`follow_json`: its last response, closed, and the body to relay)."""
+    if stream:
+        return await follow_stream(loop, upstream, send)
+    upstream, content = await follow_json(loop, upstream, send)
+    return Held(upstream, content, _nothing())

@@ -27,8 +27,8 @@ from app.http.reuse import ParsedBodies, Reused
 from app.proxy.api import Api, Exchange
 from app.proxy.headers import filter_request_headers, filter_response_headers
 from app.proxy.relay import RelayResponse, RelayResult, buffered_response
-from app.proxy.restore import RestoreLoop, Send, follow_json, offer, restore_headers
-from app.proxy.restore_stream import follow_stream
+from app.proxy.restore import Receive, RestoreLoop, Send, offer, restore_headers, unless_hung_up
+from app.proxy.restore_stream import follow
 from app.proxy.sse_tap import SSETap, Usage
 from app.proxy.upstream import Upstream, read_all
 from app.settings import Settings
@@ -183,8 +183,9 @@ class ApiService:
             forward, tap = self._with_stream_usage(exchange)
             upstream = await self._upstream.send("POST", url, headers, forward)
             if upstream.status_code < 400 and restoring is not None:
+                client = (send_round, request.receive)
                 return await self._restored(
-                    exchange, restoring, (upstream, tap), send_round, route.base_url
+                    exchange, restoring, (upstream, tap), client, route.base_url
                 )
             if upstream.status_code < 400 and tap is not None:
                 return self._relay_stream(exchange, upstream, tap, route.base_url)
@@ -220,26 +221,31 @@ class ApiService:
         exchange: Exchange,
         loop: RestoreLoop,
         first: tuple[httpx.Response, SSETap | None],
-        send: Send,
+        client: tuple[Send, Receive],
         base_url: str,
     ) -> Response:
         """Run restore's rounds on a first answer that succeeded, then relay the last one.
-        The usage of the rounds before a failing one is the request's (it was spent)."""
+        The usage of the rounds before a failing one is the request's (it was spent); a
+        client that hangs up meanwhile stops them at once (recorded, nothing to answer)."""
         upstream, tap = first
+        send, receive = client
+        rounds = partial(follow, loop, upstream, stream=tap is not None)
         try:
-            if tap is None:
-                upstream, content = await follow_json(loop, upstream, send)
-            else:
-                held = await follow_stream(loop, upstream, send)
-                upstream = held.upstream
-                loop.prepare(tap)
+            done = await unless_hung_up(receive, upstream, send, rounds)
         finally:
             exchange.rounds, exchange.usage = loop.rounds, loop.usage
+        if done is None:
+            exchange.status, exchange.outcome = ClientGone.status_code, "client_disconnected"
+            await self._finish(exchange)
+            return Response(status_code=ClientGone.status_code)
+        held = done[0]
+        upstream = held.upstream
         if exchange.compacted is not None and loop.rounds > 1:
             report = {**exchange.compacted.headers, **restore_headers(loop)}
             exchange.compacted = replace(exchange.compacted, headers=report)
         if tap is None:
-            return await self._buffered(exchange, upstream, content)
+            return await self._buffered(exchange, upstream, held.head)
+        loop.prepare(tap)
         if upstream.status_code >= 400:
             return await self._buffered(exchange, upstream, await read_all(upstream))
         return self._relay_stream(exchange, upstream, tap, base_url, (held.head, held.rest))

@@ -108,7 +108,9 @@ def _compaction(
     cache = open_cache(settings.cache_url)
     # A background summary may take several calls: the lock outlives them.
     summaries = Summaries(
-        prompt, SummaryFlight(cache, lock_ttl=max(120.0, 4 * settings.summary_timeout))
+        prompt,
+        SummaryFlight(cache, lock_ttl=max(120.0, 4 * settings.summary_timeout)),
+        guard=settings.summary_facts_guard,
     )
     elsewhere = settings.summary_upstream_url
     summary_route = Route(elsewhere, upstream.default_route.api_key) if elsewhere else None

@@ -106,6 +106,8 @@ class Settings(BaseSettings):
     summary_when_idle: bool = True  # start one only when its upstream has no client request
     # a prefix's summary covering this share of an event's span stands in for it (1: never)
     summary_partial: float = Field(0.5, ge=0, le=1)
+    # Facts survive (DESIGN.md §14): a summary ends with the identifiers of its span its text lost
+    summary_facts_guard: bool = True
     # Nothing lost (DESIGN.md §11).
     ledger: LedgerMode = LedgerMode.META
     # Usage records (and ledger rows) waiting in memory for the store, at most; a batch the store

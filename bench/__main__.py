@@ -27,6 +27,7 @@ from bench import (
     load,
     overhead,
     responses,
+    retention,
     slow_clients,
     summaries,
     token_accuracy,
@@ -36,7 +37,7 @@ from bench.procs import bare_relay, bare_relay_process, fake_upstream, proxy, pr
 
 SECTIONS = (
     "hot", "latency", "load", "tokens", "compaction", "summaries", "cost", "cache", "facts",
-    "slow",
+    "slow", "retention",
 )  # fmt: skip
 
 
@@ -158,7 +159,13 @@ def main() -> None:
     if "cost" in only:
         print("## Dollars on transcript replays: inflight vs uncompacted, caching counted\n")
         print(cost.report() + "\n")
+    if "retention" in only:
+        print("## Facts survive: reference retention per strategy (fake summariser)\n")
+        print(retention.report() + "\n")
     llm = os.environ.get("INFLIGHT_TEST_LLM_URL")
+    if "retention" in only and llm:
+        print("## Facts survive: reference retention with the real model (llama.cpp)\n")
+        print(retention.llm_report(llm) + "\n")
     if "cache" in only and llm:
         print("## Prompt-cache reuse on a real server (llama.cpp)\n")
         print(cache.report(llm) + "\n")

@@ -144,7 +144,7 @@ async def test_an_event_is_served_at_once_and_its_summary_stands_in_later(
     open_app: Callable[..., Any], fake: FakeUpstream
 ) -> None:
     fake.summary_failure = "stall"  # the summariser answers only when the test says so
-    app, client = await open_app(summary_ahead=1.0, summary_timeout=60)
+    app, client = await open_app(summary_ahead=1.0, summary_timeout=60, summary_facts_guard=False)
     k, event = await first_event(client)
     # served while the summariser is still working on it: nothing waited for it
     assert event.headers["x-compaction-summary"] == "pending"
@@ -251,7 +251,9 @@ def summary_job(messages: list[dict[str, Any]], complete: Any) -> SummaryJob:
 
 
 def summaries() -> Summaries:
-    return Summaries(SummaryPrompt.load(CONFIG / "summary_prompt.md"), SummaryFlight(MemoryCache()))
+    """Summaries of the model's text alone (the exact-fact guard: tests/test_facts_guard.py)."""
+    prompt = SummaryPrompt.load(CONFIG / "summary_prompt.md")
+    return Summaries(prompt, SummaryFlight(MemoryCache()), guard=False)
 
 
 async def test_a_background_summary_starts_only_when_its_upstream_is_idle() -> None:

@@ -102,7 +102,8 @@ async def test_an_event_with_a_rolling_gap_keeps_the_shorter_summary_until_the_c
     open_app: Callable[..., Any],  # noqa: F811
     fake: FakeUpstream,
 ) -> None:
-    app, client = await open_app(summary_ahead=1.0)  # no summaries ahead: every event has a gap
+    # no summaries ahead: every event has a gap; the model's text alone (no exact-fact guard)
+    app, client = await open_app(summary_ahead=1.0, summary_facts_guard=False)
     k2, event, before = await second_event(app, client, fake)
     at_event = fake.chat_requests[-1].body
     prompt = forwarded(fake)
@@ -148,7 +149,7 @@ async def test_a_small_prefix_does_not_stand_in_and_the_own_summary_stays_the_ch
 ) -> None:
     """Below `SUMMARY_PARTIAL` the event goes without (`pending`), as without partial
     stand-ins; its own summary stands in from the first request after it lands."""
-    app, client = await open_app(summary_ahead=1.0, summary_partial=0.999)
+    app, client = await open_app(summary_ahead=1.0, summary_partial=0.999, summary_facts_guard=False)
     k2, event, _ = await second_event(app, client, fake)
     assert event.headers["x-compaction-summary"] == "pending"
     assert summary_in(forwarded(fake)) is None
@@ -289,7 +290,8 @@ async def test_two_replicas_sharing_redis_agree_on_the_stand_in(
     """Replica one chooses the partial stand-in at an event; replica two, at the same cut
     after the span's own summary landed, serves replica one's choice: the same prompt."""
     (one_app, one), (_, two) = [
-        await open_app(cache_url=redis, summary_ahead=1.0) for _ in range(2)
+        await open_app(cache_url=redis, summary_ahead=1.0, summary_facts_guard=False)
+        for _ in range(2)
     ]
     k2, event, _ = await second_event(one_app, one, fake)
     assert event.headers["x-compaction-summary"] == "cached"

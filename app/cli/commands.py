@@ -213,6 +213,11 @@ def _simulate(args: argparse.Namespace) -> int:
         print(
             f"{len(turns)} requests, {events} compaction events (*), mean prefix reuse {mean:.0%}"
         )
+        if args.retention:
+            from app.cli.retention import offline_table
+
+            print("\nreference retention (DESIGN.md §14):")
+            print(offline_table(messages, model, window, counter))
     if args.plot:
         try:
             plot(results, window, Path(args.plot))
@@ -325,6 +330,12 @@ def _add_simulate(sub: Any) -> None:
         help="auto, none, or a comma list of truncate, prune, trim, middle-out, summarize",
     )
     sim.add_argument("--config", help=_config_help())
+    sim.add_argument(
+        "--retention",
+        action="store_true",
+        help="also print, per strategy, the share of the references each event cut that the "
+        "conversation uses again which stay retained, restorable or lost (default: off)",
+    )
     sim.add_argument(
         "--plot",
         help="write a PNG of tokens per turn to this path (needs matplotlib; default: no plot)",

@@ -8,6 +8,9 @@ so the summary landing later is one prompt change (DESIGN.md §12).
 With restore on (DESIGN.md §11) what was cut or dropped is never silent: one marker naming the
 span's ref stands where a summary would (§4.6 placement, its tokens reserved like a summary's),
 and a summary, when there is one, ends with that marker.
+
+With pins (DESIGN.md §14) what they match in the cut messages stands there too, verbatim and
+bounded (its tokens reserved like the marker's), after the summary and before the marker.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.compaction.pins import Pin, pin_tokens, pinned_text
 from app.compaction.planner import plan
 from app.compaction.policy import Budget, StrategyName
 from app.compaction.refs import REF_LENGTH, ref_suffix
@@ -30,6 +34,7 @@ SPAN_MARKER = (
     "call inflight_restore to read them {ref}]"
 )
 MARKER_SLACK = 8  # tokens over the marker's own count: folding it into the head may cost more
+OMITTED_NOTE = "[inflight: earlier turns of this conversation were left out to fit the context]"
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,16 +168,43 @@ def untouched(
     return CompactionResult(messages, (), tokens, tokens, n, n, over, nothing, range(n))
 
 
+@dataclass(frozen=True, slots=True)
+class Pinning:
+    """What a request pins (DESIGN.md §14) and the tokens its pinned text may take."""
+
+    pins: tuple[Pin, ...]
+    tokens: int
+
+    def text(
+        self, the_plan: Plan, messages: Sequence[Mapping[str, Any]], count: MessageCounter
+    ) -> str:
+        """The pinned block for what `the_plan` cut or dropped (empty: nothing matched)."""
+        if not self.pins:
+            return ""
+        empty = count({"role": "assistant", "content": ""})
+
+        def text_tokens(text: str) -> int:
+            return count({"role": "assistant", "content": text}) - empty
+
+        positions = removed_positions(the_plan)
+        return pinned_text(messages, positions, self.pins, self.tokens, text_tokens)
+
+
 def _stand_in(
-    the_plan: Plan, messages: Sequence[Mapping[str, Any]], summary: str | None, restore: bool
+    the_plan: Plan,
+    messages: Sequence[Mapping[str, Any]],
+    summary: str | None,
+    restore: bool,
+    pinned: str = "",
 ) -> tuple[str, str] | None:
-    """(prefix, text) of what stands for the cut: the summary (ending with the span marker
-    when restoring), the span marker alone (restoring without a summary), or None."""
+    """(prefix, text) of what stands for the cut: the summary, then the `pinned` block, then
+    the span marker when restoring — whichever of them there are; or None."""
     marker = span_marker(the_plan, messages) if restore else None
+    parts = [pinned, marker or ""]
     if the_plan.summarize and summary is not None:
-        return SUMMARY_PREFIX, summary if marker is None else f"{summary}\n\n{marker}"
-    if marker is not None and (the_plan.summarize or the_plan.marker):
-        return "", marker
+        return SUMMARY_PREFIX, "\n\n".join(p for p in (summary, *parts) if p)
+    if (the_plan.summarize or the_plan.marker) and (marker is not None or pinned):
+        return "", "\n\n".join(p for p in parts if p)
     return None
 
 
@@ -189,6 +221,7 @@ def compact(
     replays: Replays | None = None,
     protect: frozenset[str] = frozenset(),
     restore: bool = False,
+    pins: tuple[Pin, ...] = (),
 ) -> CompactionResult:
     """Compact `messages` for `budget`. Unchanged messages are the same objects.
 
@@ -197,11 +230,15 @@ def compact(
     replays by history prefix (the plan is the same with or without). `protect`: tools whose
     outputs only the last unit may cut. `restore`: a span marker stands for what is cut or
     dropped (with a summary: ends it; `summary_tokens` must then include `marker_tokens`).
+    `pins`: what they match in the cut stands there too (`summary_tokens` must then include
+    `pin_tokens`); a stand-in is placed whenever the plan cuts, as with restore.
     """
     if summary is None:
         pipeline = tuple("trim" if s == "summarize" else s for s in pipeline)
-    if restore and not summary_tokens:
-        summary_tokens = marker_tokens(count)
+    if not summary_tokens:
+        summary_tokens = marker_tokens(count) if restore else 0
+        summary_tokens += pin_tokens(budget.goal) if pins else 0
+    pinning = Pinning(pins, pin_tokens(budget.goal))
     the_plan = planned or plan(
         messages,
         pipeline,
@@ -210,7 +247,7 @@ def compact(
         fixed_tokens,
         summary_tokens,
         protect=protect,
-        marked=restore,
+        marked=restore or bool(pins),
         replays=replays,
     )
     if not the_plan.changed:
@@ -218,7 +255,10 @@ def compact(
     out = render(messages, the_plan)
     sources = kept_sources(the_plan)
     after = the_plan.tokens_after
-    stand_in = _stand_in(the_plan, messages, summary, restore)
+    pinned = pinning.text(the_plan, messages, count)
+    stand_in = _stand_in(the_plan, messages, summary, restore, pinned)
+    if stand_in is None and pins and (the_plan.summarize or the_plan.marker):
+        stand_in = "", OMITTED_NOTE  # pins asked for, nothing matched: the note holds its place
     if stand_in is not None:
         prefix, text = stand_in
         added = with_summary(out, the_plan, messages, text, count, sources, prefix)

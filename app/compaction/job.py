@@ -11,6 +11,7 @@ from typing import Any
 
 from app.compaction.engine import CompactionResult, compact, marker_tokens
 from app.compaction.formats import Conversation, WireFormat
+from app.compaction.pins import Pin, pin_tokens
 from app.compaction.planner import plan
 from app.compaction.policy import Budget, StrategyName
 from app.compaction.rendering import Plan
@@ -39,11 +40,17 @@ class Job:
     counter: TokenCounter
     protect: frozenset[str] = frozenset()  # tools whose outputs only the last unit may cut
     restore: bool = False  # a marker stands for every cut; markers' refs resolved (§11)
+    pins: tuple[Pin, ...] = ()  # what they match in a cut stands beside its stand-in (§14)
     counted: Counted = field(default_factory=Counted)  # see count_within
     wait: bool = False  # a compaction event waits for its summary (§12)
     forwarded: bool = False  # not a preview: see `Asked.forwarded`
     later: list[Callable[[], object]] = field(default_factory=list)  # see `Asked.later`
     after: list[Callable[[], object]] = field(default_factory=list)  # see `Asked.after`
+
+    @property
+    def marked(self) -> bool:
+        """Whether something stands for every cut even without a summary (restore, pins)."""
+        return self.restore or bool(self.pins)
 
     def count(self, message: Mapping[str, Any]) -> int:
         messages = self.conversation.messages
@@ -126,7 +133,8 @@ class Planning:
         reserved = summary_budget(budget.goal) if summarized else 0
         # restoring, the summary ends with the span marker: its tokens are reserved too
         marker = marker_tokens(job.count) if summarized and job.restore else 0
-        return cls(job, pipeline, budget, replays, summarized, reserved + marker)
+        pinned = pin_tokens(budget.goal) if summarized and job.pins else 0
+        return cls(job, pipeline, budget, replays, summarized, reserved + marker + pinned)
 
     def plan(
         self,
@@ -139,7 +147,7 @@ class Planning:
         job = self.job
         return plan(
             history, self.pipeline, self.budget, count, fixed, self.stand_in,
-            protect=job.protect, marked=job.restore, replays=memory,
+            protect=job.protect, marked=job.marked, replays=memory,
         )  # fmt: skip
 
     def compact(self, fixed: int, **given: Any) -> CompactionResult:
@@ -148,7 +156,8 @@ class Planning:
         job = self.job
         return compact(
             job.conversation.messages, self.pipeline, self.budget, job.count, fixed,
-            protect=job.protect, restore=job.restore, replays=self.replays, **given,
+            protect=job.protect, restore=job.restore, pins=job.pins, replays=self.replays,
+            **given,
         )  # fmt: skip
 
     def remembered(self) -> object:

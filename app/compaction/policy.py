@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, cast, get_args
 
+from app.compaction.pins import BadPin, Pin, parse_pins
 from app.errors import InvalidControl
 
 StrategyName = Literal["truncate", "prune", "trim", "middle-out", "summarize"]
@@ -24,6 +25,7 @@ _BODY_KEYS = {
     "protect_tools": "x-compaction-protect-tools",
     "restore": "x-compaction-restore",
     "summary_wait": "x-compaction-summary-wait",
+    "pin": "x-compaction-pin",
 }
 
 
@@ -39,6 +41,7 @@ class Controls:
     protect_tools: frozenset[str] | None = None  # tool names whose outputs are kept (§11)
     restore: bool | None = None  # offer the model `inflight_restore` (§11)
     summary_wait: bool | None = None  # a compaction event waits for its summary (§12)
+    pins: tuple[Pin, ...] | None = None  # text kept verbatim beside a stand-in (§14)
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,6 +233,13 @@ def _controls(raw: Mapping[str, tuple[Any, str]]) -> Controls:
         restore = _switch(*raw["x-compaction-restore"], "on or off")
     if "x-compaction-summary-wait" in raw:
         wait = _switch(*raw["x-compaction-summary-wait"], "true or false")
+    pins = None
+    if "x-compaction-pin" in raw:
+        value, param = raw["x-compaction-pin"]
+        try:
+            pins = parse_pins(value)
+        except BadPin as exc:
+            raise InvalidControl(f"{param}: {exc}", param=param) from exc
     return Controls(
         strategies=strategies,
         context_limit=context_limit,
@@ -239,6 +249,7 @@ def _controls(raw: Mapping[str, tuple[Any, str]]) -> Controls:
         protect_tools=protect,
         restore=restore,
         summary_wait=wait,
+        pins=pins,
     )
 
 

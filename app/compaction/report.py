@@ -8,7 +8,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from app.compaction.engine import CompactionResult
+from app.compaction.facts import fate, identifier_set, message_text, whole_positions
 from app.compaction.formats import Conversation
+from app.compaction.refs import REF_SUFFIX_RE
 from app.compaction.summary.prompt import SummaryUsage
 from app.usage.summary_stats import summary_outcome
 
@@ -104,7 +106,30 @@ def preview_report(preview: Preview) -> dict[str, Any]:
         "units": len(plan.units),
         "compaction_events": len(plan.events),
         "summary": _summary(preview),
+        "facts": facts_report(preview),
     }
+
+
+def facts_report(preview: Preview) -> dict[str, int]:
+    """What became of the identifiers of what this request's compaction cut (DESIGN.md §14):
+    the distinct ones of the messages not forwarded whole, and how many of them are retained
+    in the forwarded prompt, restorable behind a marker's ref, or lost. (Which of them the
+    conversation will use again is not known yet: the bench and `simulate --retention`
+    score those.)"""
+    result = preview.result
+    messages = preview.conversation.messages
+    counts = {"references": 0, "retained": 0, "restorable": 0, "lost": 0}
+    if not result.applied:
+        return counts
+    whole = whole_positions(messages, result.messages, result.sources)
+    cut = [m for p, m in enumerate(messages) if p not in whole]
+    references = sorted(set().union(*(identifier_set(message_text(m)) for m in cut)))
+    prompt = "\n".join(message_text(m) for m in result.messages)
+    named = REF_SUFFIX_RE.findall(prompt)
+    for reference in references:
+        counts[fate(reference, prompt, result.refs, named)] += 1
+    counts["references"] = len(references)
+    return counts
 
 
 def _summary(preview: Preview) -> dict[str, Any]:

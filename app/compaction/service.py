@@ -135,8 +135,8 @@ class CompactionService:
         summary_model = controls.summary_model or self._settings.summary_model or model
         job = Job(
             wire, cleaned, view_of(wire, cleaned), model, summary_model, base_url, headers,
-            self._counter, *self._keeping(controls), wait=self._waits(controls),
-            forwarded=forwarding,
+            self._counter, *self._keeping(controls), pins=controls.pins or (),
+            wait=self._waits(controls), forwarded=forwarding,
         )  # fmt: skip
         outcome, error = await self._outcome(job, pipeline, budget)
         stand = outcome.stand
@@ -203,7 +203,7 @@ class CompactionService:
             fixed = job.count_fixed()
             compaction = partial(
                 compact, job.conversation.messages, trimmed, budget, job.count, fixed,
-                protect=job.protect, restore=job.restore,
+                protect=job.protect, restore=job.restore, pins=job.pins,
             )  # fmt: skip
             texts = self.texts
             outcome = job.rendered(await offload(job.conversation.messages, compaction, texts))
@@ -273,7 +273,7 @@ class CompactionService:
             if stand.text is None:
                 result = without_summary(
                     result, planning.pipeline, planning.stand_in, budget, job.count,
-                    marked=job.restore,
+                    marked=job.marked,
                 )  # fmt: skip
             return job.rendered(result, summary.usage, stand)
 

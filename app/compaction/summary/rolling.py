@@ -5,9 +5,11 @@ events). Here the summary for the current cut is found or made: from the cache (
 of the summarised span, the model and the prompt version); else by updating the newest summary
 cached at an earlier unit boundary — an earlier event's cut, or a span summarised ahead of its
 event — with everything cut since (one upstream call per event when the cache is warm); else,
-on a cold cache, from scratch — always in chunks that each fit the summariser's window. Any
-failure — error status, timeout, empty or oversized answer — raises `SummaryFailed`; the
-request goes without the summary (the same cut, nothing in its place).
+on a cold cache, from scratch — always in chunks that each fit the summariser's window. The
+exact-fact guard (DESIGN.md §14) then appends the span's identifiers the model's text lost,
+verbatim, within the summary's budget. Any failure — error status, timeout, empty or oversized
+answer — raises `SummaryFailed`; the request goes without the summary (the same cut, nothing in
+its place).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 
 import orjson
 
+from app.compaction.facts import guarded
 from app.compaction.rendering import Plan, render_span
 from app.compaction.summary.cache import SummaryFlight
 from app.compaction.summary.partial import Chosen, record_key
@@ -41,6 +44,12 @@ TextCounter = Callable[[str], int]
 def summary_budget(goal_tokens: int) -> int:
     """Tokens reserved for the summary message: a quarter of the target, 128–1,024."""
     return max(128, min(1024, goal_tokens // 4))
+
+
+def model_budget(summary_tokens: int, guard: bool) -> int:
+    """The tokens the model may write of a summary of `summary_tokens`: all of them, or with
+    the exact-fact guard on, three quarters (the rest is the guard's room)."""
+    return summary_tokens - summary_tokens // 3 if guard else summary_tokens
 
 
 @dataclass(slots=True)
@@ -176,8 +185,11 @@ class Summaries:
         *,
         retry_after: float = 600.0,
         max_failures: int = 10_000,
+        guard: bool = True,
     ) -> None:
+        """`guard`: the exact-fact guard (DESIGN.md §14) appends what the model's text lost."""
         self.prompt = prompt
+        self.guard = guard
         self._flight = flight
         self._retry_after = retry_after
         self._failed: BoundedLRU[str, float] = BoundedLRU(max_failures)  # key -> when to retry
@@ -259,8 +271,14 @@ class Summaries:
         nearest = await self.nearest(keys)
         start, previous = (job.plan.head, None) if nearest is None else nearest
         # What leaves the prompt, as the prompt showed it (pruned outputs as placeholders).
-        span = render_span(job.messages, job.plan, start, job.plan.cut)
-        return await self._summarize(job, span, previous)
+        plan = job.plan
+        span = render_span(job.messages, plan, start, plan.cut)
+        text = await self._summarize(job, span, previous)
+        if not self.guard:
+            return text
+        # all of the span the summary stands for, not only what this roll added
+        whole = render_span(job.messages, plan, plan.head, plan.cut)
+        return guarded(text, whole, job.summary_tokens, job.count_text)
 
     async def _summarize(
         self, job: SummaryJob, span: Sequence[Mapping[str, Any]], previous: str | None
@@ -270,7 +288,7 @@ class Summaries:
             body = {
                 "model": job.model,
                 "messages": [{"role": "user", "content": self.prompt.render(chunk, summary)}],
-                "max_tokens": job.summary_tokens,
+                "max_tokens": model_budget(job.summary_tokens, self.guard),
                 "temperature": 0,
                 "stream": False,
             }

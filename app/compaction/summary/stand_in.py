@@ -14,11 +14,11 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from app.compaction.engine import CompactionResult
+from app.compaction.engine import OMITTED_NOTE, CompactionResult
 from app.compaction.policy import Budget, StrategyName
 from app.compaction.unit_costs import MessageCounter
 
-OMITTED = "[inflight: earlier turns of this conversation were left out to fit the context]"
+OMITTED = OMITTED_NOTE
 
 
 def omitted_note(result: CompactionResult) -> Mapping[str, Any] | None:
@@ -40,8 +40,8 @@ def without_summary(
 ) -> CompactionResult:
     """`result` of a summarising plan rendered without its summary: the same cut, the note in
     the summary's place when it needs one, reported as `trim`, and without the tokens the plan
-    reserved for the summary. `marked` (restore on): the span marker stands in its place
-    already, its tokens counted; only what is reported changes."""
+    reserved for the summary. `marked` (restore or pins on): the span marker or pinned text
+    stands in its place already, its tokens counted; only what is reported changes."""
     applied = tuple(
         "trim" if name == "summarize" else name
         for name in pipeline

@@ -1,0 +1,210 @@
+"""Facts survive (DESIGN.md §14): reference retention per strategy on the transcript replays.
+
+For each compaction event, the identifiers of the cut span that the session mentions again
+later are retained (in the forwarded prompt), restorable (behind a marker's ref) or lost
+(app/cli/retention.py). Summaries come from a fake extractive summariser (the first line of
+each message, bounded: a model that keeps the gist and drops most details), through the real
+rolling-summary code with the exact-fact guard off and on; with `INFLIGHT_TEST_LLM_URL` set, one
+transcript also with the real model.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import orjson
+
+from app.cli.retention import Retention, retention
+from app.compaction.engine import CompactionResult, compact
+from app.compaction.planner import plan
+from app.compaction.policy import Budget, StrategyName
+from app.compaction.summary.cache import MemoryCache, SummaryFlight
+from app.compaction.summary.prompt import Completer, SummaryFailed, SummaryPrompt
+from app.compaction.summary.rolling import Summaries, SummaryJob, summary_budget
+from app.compaction.summary.stand_in import without_summary
+from app.tokens.counter import ChatTokenCounter
+from app.tokens.encodings import load_encodings
+from tests.support import load_traces
+
+MODEL = "gpt-4o"
+WINDOWS = (8192, 16384, 32768)
+CONFIG = Path(__file__).resolve().parents[1] / "config"
+_TRANSCRIPT = re.compile(r"<transcript>\n(.*)\n</transcript>", re.S)
+_PREVIOUS = re.compile(r"<previous_summary>\n(.*)\n</previous_summary>", re.S)
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One strategy of the table: its pipeline, restore, and how summaries are made."""
+
+    name: str
+    pipeline: tuple[StrategyName, ...]
+    restore: bool = False
+    guard: bool | None = None  # None: no summariser
+
+
+ROWS = (
+    Row("trim", ("trim",)),
+    Row("trim + restore", ("trim",), restore=True),
+    Row("middle-out", ("middle-out",)),
+    Row("summarize (model alone)", ("summarize",), guard=False),
+    Row("summarize + guard", ("summarize",), guard=True),
+    Row("auto (+ guard)", ("truncate", "prune", "summarize"), guard=True),
+)
+
+
+def extractive(prompt: str, max_tokens: int) -> str:
+    """The fake summariser: the previous summary, then the first line of each message of the
+    transcript, cut to 100 characters, within about `max_tokens`."""
+    lines: list[str] = []
+    previous = _PREVIOUS.search(prompt)
+    if previous:
+        lines.append(previous.group(1).split("\n\nFacts kept")[0])
+    found = _TRANSCRIPT.search(prompt)
+    blocks = found.group(1).split("\n\n[") if found else []
+    for block in blocks:
+        body = block.split("\n", 1)[1:] or [""]
+        first = body[0].strip().split("\n", 1)[0][:100]
+        if first:
+            lines.append(f"- {first}")
+    text = "\n".join(lines)
+    return text[: max_tokens * 3].rsplit("\n", 1)[0] if len(text) > max_tokens * 3 else text
+
+
+async def fake_completer(body: dict[str, Any]) -> tuple[int, bytes]:
+    """A chat completion of `extractive`."""
+    text = extractive(body["messages"][0]["content"], int(body["max_tokens"]))
+    answer = {"choices": [{"message": {"role": "assistant", "content": text or "-"}}]}
+    return 200, orjson.dumps(answer)
+
+
+def llm_completer(client: httpx.AsyncClient, url: str) -> Completer:
+    """The real model's chat completions, remembered by request body (the guard's run and
+    the model-alone run ask the same questions; temperature 0)."""
+    seen: dict[bytes, tuple[int, bytes]] = {}
+
+    async def complete(body: dict[str, Any]) -> tuple[int, bytes]:
+        key = orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
+        if key not in seen:
+            response = await client.post(f"{url.rstrip('/')}/chat/completions", json=body)
+            seen[key] = response.status_code, response.content
+        return seen[key]
+
+    return complete
+
+
+@dataclass(frozen=True, slots=True)
+class Setup:
+    """What the replays of one window share."""
+
+    counter: ChatTokenCounter
+    budget: Budget
+    complete: Completer
+    chunk_tokens: int
+
+    def count(self, message: Mapping[str, Any]) -> int:
+        return self.counter.count_message(MODEL, message)
+
+    def count_text(self, text: str) -> int:
+        return self.counter.count_text(MODEL, text)
+
+
+def compactor(setup: Setup, row: Row) -> Any:
+    """The compaction of one request for `row` (summaries made in wait mode, cached)."""
+    prompt = SummaryPrompt.load(CONFIG / "summary_prompt.md")
+    summaries = Summaries(prompt, SummaryFlight(MemoryCache()), guard=bool(row.guard))
+    budget = setup.budget
+
+    async def run(messages: Sequence[Mapping[str, Any]]) -> CompactionResult:
+        if row.guard is None:
+            return compact(messages, row.pipeline, budget, setup.count, 0, restore=row.restore)
+        reserved = summary_budget(budget.goal)
+        the_plan = plan(messages, row.pipeline, budget, setup.count, 0, reserved)
+        given = {"summary_tokens": reserved, "planned": the_plan}
+        if not the_plan.summarize:
+            return compact(messages, row.pipeline, budget, setup.count, 0, summary="", **given)
+        job = SummaryJob(
+            messages, the_plan, MODEL, setup.complete, reserved, setup.chunk_tokens,
+            setup.count_text,
+        )  # fmt: skip
+        try:
+            text: str | None = await summaries.summary_for(job)
+        except SummaryFailed:
+            text = None
+        result = compact(messages, row.pipeline, budget, setup.count, 0, summary=text, **given)
+        if text is None:
+            return without_summary(result, row.pipeline, reserved, budget, setup.count)
+        return result
+
+    return run
+
+
+def _cells(r: Retention) -> str:
+    return (
+        f"{r.share(r.retained):.0%} | {r.share(r.restorable):.0%} | {r.share(r.lost):.0%} | "
+        f"{r.saved:.0%} | {r.recurring} / {r.events}"
+    )
+
+
+def _table(scores: Mapping[tuple[str, int], Retention], windows: Sequence[int]) -> str:
+    lines = [
+        "| strategy | window | retained | restorable | lost | tokens saved | refs / events |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in ROWS:
+        for window in windows:
+            if (row.name, window) in scores:
+                score = scores[(row.name, window)]
+                lines.append(f"| {row.name} | {window // 1024}k | {_cells(score)} |")
+    return "\n".join(lines)
+
+
+LEGEND = (
+    "Recurring references: identifiers (paths, URLs, ids, hashes, numbers with units, error "
+    "codes, exception, function and class names, quoted strings) of the span an event cut "
+    "that the session mentions again later. Retained: in the forwarded prompt; restorable: "
+    "behind a restore marker's ref; lost: neither. Summed over the events of {what}; "
+    "tokens saved over every request. Windows with a 1,024-token output reserve, threshold "
+    "0.8, target 0.5, counted with o200k.\n\n"
+)
+
+
+def report(windows: Sequence[int] = WINDOWS) -> str:
+    """Every shipped transcript, every row, with the fake summariser."""
+    counter = ChatTokenCounter(load_encodings())
+    scores: dict[tuple[str, int], Retention] = {}
+
+    async def main() -> None:
+        for window in windows:
+            budget = Budget(window, 1024, 0.8, 0.5)
+            setup = Setup(counter, budget, fake_completer, 100_000)
+            for row in ROWS:
+                for _, messages in load_traces():
+                    score = await retention(messages, compactor(setup, row))
+                    scores[(row.name, window)] = scores.get((row.name, window), Retention()) + score
+
+    anyio.run(main)
+    return LEGEND.format(what="the 8 shipped transcripts") + _table(scores, windows)
+
+
+def llm_report(url: str, window: int = 8192) -> str:
+    """The summarising rows on the smallest transcript with the real model behind `url`."""
+    counter = ChatTokenCounter(load_encodings())
+    name, messages = min(load_traces(), key=lambda t: len(orjson.dumps(t[1])))
+    scores: dict[tuple[str, int], Retention] = {}
+
+    async def main() -> None:
+        async with httpx.AsyncClient(timeout=300) as client:
+            setup = Setup(counter, Budget(window, 1024, 0.8, 0.5), llm_completer(client, url), 2500)
+            for row in ROWS:
+                score = await retention(messages, compactor(setup, row))
+                scores[(row.name, window)] = score
+
+    anyio.run(main)
+    return LEGEND.format(what=f"`{name}`, summaries by the real model") + _table(scores, [window])

@@ -92,7 +92,7 @@ def test_starts_with_agrees_with_the_bytes(
             model = f"gpt-4o-{n % 3}"
         elif kind == "drop" and len(messages) > 1:
             messages = messages[: max(1, len(messages) - 1 - n % 3)]
-        body = chat._parse(orjson.dumps({"model": model, "messages": messages}))
+        body = chat._parse(orjson.dumps({"model": model, "messages": messages}), b"client")
         text = shared.messages_text(body["messages"])
         assert text == orjson.dumps(messages)
         for earlier in texts:

@@ -34,9 +34,9 @@ def text(body: dict[str, Any], style: str) -> bytes:
     return json.dumps(body, separators=(",", ":"), ensure_ascii=True).encode()
 
 
-def parse(bodies: ParsedBodies, raw: bytes) -> tuple[dict[str, Any], int]:
+def parse(bodies: ParsedBodies, raw: bytes, owner: bytes = b"a") -> tuple[dict[str, Any], int]:
     """As `ApiService._parse` does it: reused when it can be, else in full; remembered."""
-    reused = bodies.parse(raw)
+    reused = bodies.parse(raw, owner)
     if reused is None:
         body = parse_chat_body(raw)
     else:
@@ -44,7 +44,8 @@ def parse(bodies: ParsedBodies, raw: bytes) -> tuple[dict[str, Any], int]:
         body = reused.body
         # the history's text, cut from the bytes: what serialising it gives
         assert reused.history_text(raw) == orjson.dumps(body["messages"])
-    bodies.remember(raw, body, reused)
+        assert orjson.dumps(body) == raw  # taken only when the bytes are its canonical text
+    bodies.remember(raw, body, owner, reused)
     return body, 0 if reused is None else reused.reused
 
 

@@ -1,7 +1,9 @@
-"""Reading client bodies: the size limit enforced while reading, and the chat request shape."""
+"""Reading client bodies: the size limit enforced while reading, the chat request shape, and
+whose body it is (the key of what is remembered to parse the next one: app/http/reuse.py)."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -11,12 +13,14 @@ import orjson
 from starlette.requests import ClientDisconnect, Request
 
 from app.errors import BadRequest, InvalidJSON, PayloadTooLarge, ProxyError
+from app.http.auth import CREDENTIAL_HEADERS
 from app.http.reuse import Reused
 
 logger = logging.getLogger(__name__)
 
 MAX_JSON_DEPTH = 64
 MAX_MESSAGES = 100_000
+CREDENTIALS = frozenset(name.encode() for name in CREDENTIAL_HEADERS)
 
 
 def _too_large(limit: int) -> PayloadTooLarge:
@@ -83,6 +87,20 @@ async def limited_stream(request: Request, limit: int) -> AsyncIterator[bytes]:
     except ClientDisconnect:
         logger.info("client hung up after %d body bytes of %s", size, request.url.path)
         raise ClientGone("the client disconnected before its body was read") from None
+
+
+def body_owner(request: Request) -> bytes:
+    """Whose body `request` carries, for what is remembered to parse the next one
+    (app/http/reuse.py): a full-length hash of its route and every credential header it sent
+    (`app.http.auth.CREDENTIAL_HEADERS`: Authorization of any scheme, x-api-key, api-key; each
+    with its value, in order), whether or not the proxy checks keys. Not `client_identity`:
+    that is a short id for records. Requests without any credential share one per route."""
+    digest = hashlib.blake2b(request.scope["path"].encode(), digest_size=32)
+    for name, value in request.scope["headers"]:
+        name = name.lower()
+        if name in CREDENTIALS:
+            digest.update(b"\n%d:%s=%d:%s" % (len(name), name, len(value), value))
+    return digest.digest()
 
 
 def deeper_than(value: Any, limit: int) -> bool:

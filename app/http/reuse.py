@@ -1,23 +1,8 @@
 """A conversation's next request parsed from its last one: only the bytes it adds.
 
-Agents send the whole conversation on every request, so request n+1 starts with the bytes of
-request n's history. Parsing all of it again is the largest cost the proxy adds to a long
-conversation (2,000 messages: about 2 ms), and the one part of its own work that could not be
-incremental. So a body's parse is remembered with where each item of its history array
-(`messages`, or `input` for the Responses API) ends in its bytes; a later body that starts with
-the same bytes up to the end of item k takes the first k items as they were parsed and parses
-only the rest. The rest is the bytes after item k, completed into a JSON object
-(`{"messages":[` + rest): its new items and the keys after the array.
-
-Where items end is known only when the bytes are orjson's compact text of what they parse to
-(no spaces, keys in order, UTF-8 unescaped: what the openai and anthropic SDKs, httpx and
-`JSON.stringify` send); other bodies are parsed in full, every time. The rest must be that text
-too, so the body is exactly the one a full parse gives (tests/test_reuse.py checks it on random
-bodies and edits). Reused items are the very objects parsed before, shared by the requests of a
-conversation: nothing may change a parsed body in place (the tests check that too).
-
-Bounded in bodies and bytes, least recently used first out; a body is found by its first bytes,
-and among the few sharing them, by the longest match.
+Bodies whose bytes are orjson's text of their parse are remembered per client (a hash of its
+credentials and route); that client's next body reuses the history items it shares byte for
+byte and is taken only when its bytes provably are orjson's text of the result (`ParsedBodies`).
 """
 
 from __future__ import annotations
@@ -40,9 +25,10 @@ PER_PROBE = 8  # bodies kept with the same leading bytes (conversations of one a
 
 @dataclass(slots=True)
 class _Body:
-    """One remembered body: its bytes, what they parse to, and where each history item ends
-    (computed on first use; None: not canonical, never reusable)."""
+    """One remembered body: whose it is, its bytes, what they parse to, and where each history
+    item ends (computed on first use; None: not canonical, never reusable)."""
 
+    owner: bytes
     raw: bytes
     body: dict[str, Any]
     ends: array[int] | None = None
@@ -70,13 +56,32 @@ class Reused:
 
 
 class ParsedBodies:
-    """Remembered parses of one API's bodies, whose history is the array under `key`."""
+    """Remembered parses of one API's bodies, whose history is the array under `key`.
+
+    Agents send the whole conversation on every request, so request n+1 starts with the bytes
+    of request n; parsing all of it again is the largest cost the proxy adds to a long
+    conversation. A remembered body is reusable only when its bytes are exactly
+    `orjson.dumps` of its parse (canonical: no spaces, no duplicate keys, no trailing commas,
+    UTF-8 unescaped: what the SDKs, httpx and `JSON.stringify` send); then where each history
+    item ends is known. A new body of the same owner that starts with its bytes up to the end
+    of item k is parsed as: its keys before the array and those k items from the remembered
+    body (byte-identical and canonical there), the rest (`{"key":[` + the bytes after item k)
+    parsed now. That is taken only when the new bytes are orjson's text of the result, shown
+    without serialising it (`_combined`); anything else is parsed in full. Equal to
+    `orjson.loads` on every input: tests/test_reuse_differential.py checks it.
+
+    Remembered bodies are found by their owner (`app.http.body.body_owner`: a hash of the
+    client's credentials and route, so nothing one client sent is reused for another) and
+    first bytes, among the few sharing
+    them by the longest match; bounded in bodies and bytes, least recently used first out.
+    Reused items are the very objects parsed before: nothing may change a parsed body in place.
+    """
 
     def __init__(self, key: str, entries: int = ENTRIES, max_bytes: int = MAX_BYTES) -> None:
         self._key = self.key = key
         self._opening = b"{" + orjson.dumps(key) + b":["
         self._entries: OrderedDict[int, _Body] = OrderedDict()
-        self._by_probe: dict[bytes, list[_Body]] = {}
+        self._by_probe: dict[tuple[bytes, bytes], list[_Body]] = {}
         self._limit = entries
         self._max_bytes = max_bytes
         self._bytes = 0
@@ -86,11 +91,12 @@ class ParsedBodies:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def parse(self, raw: bytes) -> Reused | None:
-        """`raw` parsed from the remembered body it extends, or None (parse it in full). A
-        rest that is not valid JSON is None too: the full parse says what is wrong."""
+    def parse(self, raw: bytes, owner: bytes) -> Reused | None:
+        """`raw`, sent by `owner`, parsed from a remembered body of the same owner it extends,
+        or None (parse it in full): whenever the result could differ from `orjson.loads(raw)`,
+        and for a rest that is not valid JSON (the full parse says what is wrong)."""
         with self._lock:
-            candidates = list(self._by_probe.get(raw[:PROBE], ()))
+            candidates = list(self._by_probe.get((owner, raw[:PROBE]), ()))
         best: tuple[_Body, int] | None = None
         for entry in candidates:  # the most recent first
             ends = self._ends(entry)
@@ -107,39 +113,74 @@ class ParsedBodies:
         assert entry.ends is not None
         end = entry.ends[k - 1]
         rest_at = end + 1 if raw[end : end + 1] == b"," else end
-        rest_text = self._opening + raw[rest_at:]
-        try:
-            rest = orjson.loads(rest_text)
-        except orjson.JSONDecodeError:
+        rest = self._rest(raw[rest_at:])
+        if rest is None:
             return None
-        if not isinstance(rest, dict) or not isinstance(rest.get(self._key), list):
-            return None
-        if orjson.dumps(rest) != rest_text:  # not canonical: where it ends is not known
+        body = self._combined(entry, k, rest, comma=rest_at > end)
+        if body is None:
             return None
         with self._lock:
             self._touch(entry)
             self.reused += 1
-        items = entry.body[self._key]
+        ends = entry.ends[:k]
+        ends.extend(_item_ends(rest[self._key], rest_at, orjson.dumps))
+        return Reused(body, k, rest, ends, entry.opened, entry)
+
+    def _rest(self, tail: bytes) -> dict[str, Any] | None:
+        """The bytes after the last item reused, completed into an object (`{"key":[` +
+        `tail`) and parsed, when that is orjson's text of an object with the array under
+        `key` (then no key repeats in it, and the array's key comes first)."""
+        text = self._opening + tail
+        try:
+            rest = orjson.loads(text)
+        except orjson.JSONDecodeError:
+            return None
+        if not isinstance(rest, dict) or not isinstance(rest.get(self._key), list):
+            return None
+        return rest if orjson.dumps(rest) == text else None
+
+    def _combined(
+        self, entry: _Body, k: int, rest: dict[str, Any], *, comma: bool
+    ) -> dict[str, Any] | None:
+        """The body of bytes that are `entry`'s up to the end of its history's item k, then
+        (after a `comma`, or none) the text of `rest` without its `{"key":[`; or None unless
+        those bytes are exactly `orjson.dumps` of it, so they parse to it.
+
+        Why that holds: `entry`'s bytes are orjson's text of its body, `{B"key":[I0,…,Ik-1`
+        up to there (B: its keys before the array, each `"name":value,`); the rest's text is
+        `{"key":[` + `N0,…]` (its new items N, maybe none) + `,A}` or `}` (A: its keys after
+        the array, none of them `key`). The new bytes are then `{B"key":[I0,…,Ik-1` + comma
+        + `N0,…],A}`: orjson's text of {B, key: I[:k] + N, A} exactly when the comma is there
+        if and only if N is not empty (`…,]`: a trailing comma, invalid), and no name of A is
+        one of B (a repeated key: orjson keeps one)."""
+        new = rest[self._key]
+        if comma != bool(new):
+            return None
         body: dict[str, Any] = {}
         for name, value in entry.body.items():  # the keys before the array, then the array
             if name == self._key:
                 break
             body[name] = value
-        body[self._key] = items[:k] + rest[self._key]
+        if any(name in body for name in rest if name != self._key):
+            return None
+        body[self._key] = entry.body[self._key][:k] + new
         for name, value in rest.items():
             if name != self._key:
                 body[name] = value
-        ends = entry.ends[:k]
-        ends.extend(_item_ends(rest[self._key], rest_at, orjson.dumps))
-        return Reused(body, k, rest, ends, entry.opened, entry)
+        return body
 
-    def remember(self, raw: bytes, body: dict[str, Any], reused: Reused | None = None) -> None:
-        """Keep `body` (parsed from `raw`, checked) for the requests that extend it. Where its
-        items end is worked out when first needed, from `reused`'s when it was parsed so."""
+    def remember(
+        self, raw: bytes, body: dict[str, Any], owner: bytes, reused: Reused | None = None
+    ) -> None:
+        """Keep `body` (parsed from `raw`, sent by `owner`, checked) for that owner's requests
+        that extend it. Whether its bytes are canonical and where its items end are worked out
+        when first needed, or are known from `reused` when it was parsed so (proven there)."""
         items = body.get(self._key)
         if not isinstance(items, list) or not items or len(raw) < PROBE:
             return
-        entry = _Body(raw, body, size=len(raw) * PARSED_FACTOR)
+        if reused is not None and reused.entry.owner != owner:
+            raise ValueError("a body parsed from another owner's is remembered for this one")
+        entry = _Body(owner, raw, body, size=len(raw) * PARSED_FACTOR)
         extended = None
         if reused is not None:
             entry.ends, entry.opened, entry.checked = reused.ends, reused.opened, True
@@ -149,7 +190,7 @@ class ParsedBodies:
                 self._drop(extended)
             self._entries[id(entry)] = entry
             self._bytes += entry.size
-            same = self._by_probe.setdefault(raw[:PROBE], [])
+            same = self._by_probe.setdefault((owner, raw[:PROBE]), [])
             same.insert(0, entry)
             if len(same) > PER_PROBE:
                 self._drop(same[-1])
@@ -192,11 +233,12 @@ class ParsedBodies:
         if self._entries.pop(id(entry), None) is None:
             return
         self._bytes -= entry.size
-        same = self._by_probe.get(entry.raw[:PROBE], [])
+        probe = (entry.owner, entry.raw[:PROBE])
+        same = self._by_probe.get(probe, [])
         if entry in same:
             same.remove(entry)
         if not same:
-            self._by_probe.pop(entry.raw[:PROBE], None)
+            self._by_probe.pop(probe, None)
 
 
 def _item_ends(items: list[Any], start: int, dumps: Callable[[Any], bytes]) -> array[int]:

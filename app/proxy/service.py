@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from app.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
-from app.http.body import ClientGone, read_body
+from app.http.body import ClientGone, body_owner, read_body
 from app.http.reuse import ParsedBodies, Reused
 from app.proxy.api import Api, Exchange
 from app.proxy.headers import filter_request_headers, filter_response_headers
@@ -83,7 +83,7 @@ class ApiService:
         try:
             limit, timeout = self._settings.max_body_bytes, self._settings.body_read_timeout
             raw = await read_body(request, limit, timeout)
-            body = self._parse(raw)
+            body = self._parse(raw, body_owner(request))
         except ProxyError as exc:
             await self.reject(exc, client_key_id, started)
             raise
@@ -107,13 +107,14 @@ class ApiService:
                 await self._finish(exchange)
             raise
 
-    def _parse(self, raw: bytes) -> dict[str, Any]:
-        """The body, parsed only where it is not the remembered body of an earlier request it
-        extends (app/http/reuse.py), checked as `parse_body` checks it."""
+    def _parse(self, raw: bytes, owner: bytes) -> dict[str, Any]:
+        """The body, parsed only where it is not the remembered body of an earlier request of
+        the same `owner` (`body_owner`) it extends (app/http/reuse.py), checked as
+        `parse_body` checks it."""
         bodies, check = self._bodies, self.api.check_rest
         if bodies is None or check is None:
             return self.api.parse_body(raw)
-        reused = bodies.parse(raw)
+        reused = bodies.parse(raw, owner)
         if reused is None:
             body = self.api.parse_body(raw)
         else:
@@ -122,7 +123,7 @@ class ApiService:
             if self.api.history_is_view:  # the history's text: in `raw` already
                 texts = self._compactor.texts
                 texts.known(body[bodies.key], reused.history_text(raw), self._extends(reused))
-        bodies.remember(raw, body, reused)
+        bodies.remember(raw, body, owner, reused)
         return body
 
     def _extends(self, reused: Reused) -> tuple[bytes, int] | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
@@ -50,6 +51,7 @@ from app.proxy.upstream import Upstream
 from app.settings import Settings
 from app.tokens.counter import ChatTokenCounter
 from app.tokens.encodings import EncodingSet, load_encodings
+from app.tokens.shared_state import LearnedStore, SharedLearning, open_learning
 from app.usage.labels import ModelLabels, literal_names
 from app.usage.ledger import Ledger, ledger_mode
 from app.usage.metrics import Metrics
@@ -89,21 +91,25 @@ async def _http_error_handler(request: Request, exc: Exception) -> Response:
     return response
 
 
-def _compaction(
-    settings: Settings,
-    upstream: Upstream,
-    table: ModelTable,
-    counter: ChatTokenCounter,
-    summary_stats: SummaryStats,
-    submit: Callable[[UsageRecord], None],
-) -> tuple[CompactionService, SummaryCache, BackgroundSummaries]:
-    """The compaction service (with its window registry), the summary cache and the background
-    summaries (both closed at shutdown)."""
+def _windows(settings: Settings, upstream: Upstream, table: ModelTable) -> WindowRegistry:
+    """The window registry, discovering windows through `upstream`."""
 
     async def discover(base_url: str, model: str) -> int | None:
         return await discover_window(upstream, base_url, model)
 
-    windows = WindowRegistry(table, discover, ttl=settings.discovery_ttl)
+    return WindowRegistry(table, discover, ttl=settings.discovery_ttl)
+
+
+def _compaction(
+    settings: Settings,
+    upstream: Upstream,
+    windows: WindowRegistry,
+    counter: ChatTokenCounter,
+    summary_stats: SummaryStats,
+    submit: Callable[[UsageRecord], None],
+) -> tuple[CompactionService, SummaryCache, BackgroundSummaries]:
+    """The compaction service, the summary cache and the background summaries (both closed at
+    shutdown)."""
     prompt = SummaryPrompt.load(settings.config_file("summary_prompt.md"))
     cache = open_cache(settings.cache_url)
     # A background summary may take several calls: the lock outlives them.
@@ -166,7 +172,12 @@ def _background(
     )
 
 
-def _lifespan(state: AppState, cache: SummaryCache, background: BackgroundSummaries) -> Lifespan:
+def _lifespan(
+    state: AppState,
+    cache: SummaryCache,
+    background: BackgroundSummaries,
+    learning: SharedLearning | None,
+) -> Lifespan:
     """Startup (banner, store, usage writer, the readiness probe) and shutdown (the probe
     stopped, flush, then close everything)."""
 
@@ -185,6 +196,8 @@ def _lifespan(state: AppState, cache: SummaryCache, background: BackgroundSummar
             await state.store.close()
             await state.upstream.aclose()
             await cache.close()
+            if learning is not None:
+                await learning.aclose()
 
     return lifespan
 
@@ -200,10 +213,15 @@ def _readiness(
 
 
 def _recording(
-    counter: ChatTokenCounter, meter: CostMeter, metrics: Metrics, queue: UsageQueue
+    counter: ChatTokenCounter,
+    meter: CostMeter,
+    metrics: Metrics,
+    queue: UsageQueue,
+    learning: SharedLearning | None,
 ) -> tuple[Callable[[UsageRecord], None], Callable[[Exchange], Awaitable[None]]]:
     """How a record is submitted (metrics, then the write queue), and what happens when an
-    exchange ends: the counter calibrates on the upstream's usage, the records are priced."""
+    exchange ends: the counter calibrates on the upstream's usage (published to the other
+    replicas with `learning`), the records are priced."""
 
     def submit(record: UsageRecord) -> None:
         metrics.observe(record)
@@ -217,6 +235,8 @@ def _recording(
         if usage is not None and usage.prompt_tokens and completed and view is not None:
             client = exchange.compacted.client if exchange.compacted is not None else ""
             counter.observe(exchange.model, view, usage.prompt_tokens, client=client)
+        if learning is not None:  # also what an overflow or a silent cut taught
+            await learning.flush()
         for record in records_for(exchange):
             submit(meter.priced(record, exchange.body))
 
@@ -229,14 +249,20 @@ def create_app(
     transport: httpx.AsyncBaseTransport | None = None,
     store: UsageStore | None = None,
     encodings: EncodingSet | None = None,
+    learned: LearnedStore | None = None,
 ) -> FastAPI:
     """The ASGI app. `transport` lets tests put a fake upstream behind the pooled client,
-    `store` replaces the usage store `DATABASE_URL` names, and `encodings` the encodings loaded
-    from the tiktoken cache (loading them takes about a second)."""
+    `store` replaces the usage store `DATABASE_URL` names, `encodings` the encodings loaded
+    from the tiktoken cache (loading them takes about a second), and `learned` where replicas
+    share what they learned (Redis at `CACHE_URL` otherwise)."""
     table = ModelTable.load(settings.config_file("models.toml"))
     upstream = Upstream(settings, routes=table, transport=transport)
     encodings = encodings if encodings is not None else load_encodings()
-    counter = ChatTokenCounter(encodings, table)
+    shared = learned is not None or bool(settings.cache_url)
+    # replicas sharing calibration share its clock: wall time
+    counter = ChatTokenCounter(encodings, table, clock=time.time if shared else time.monotonic)
+    windows = _windows(settings, upstream, table)
+    learning = open_learning(settings.cache_url, counter.calibrated, windows, learned)
     summary_stats = SummaryStats()
     prices = PriceTable.load(settings.config_file("prices.toml"))
     meter = CostMeter(prices)
@@ -251,9 +277,9 @@ def create_app(
     labels = ModelLabels(literal_names(named), settings.metrics_top_models)
     metrics = Metrics(lambda: queue.depth, counter.calibration_factors, summary_stats, labels)
 
-    submit, on_done = _recording(counter, meter, metrics, queue)
+    submit, on_done = _recording(counter, meter, metrics, queue, learning)
     compactor, cache, background = _compaction(
-        settings, upstream, table, counter, summary_stats, lambda r: submit(meter.priced(r, None))
+        settings, upstream, windows, counter, summary_stats, lambda r: submit(meter.priced(r, None))
     )
     cuts = Ledger(
         ledger_mode(settings.ledger, settings.database_url), settings.ledger_ttl, queue, store
@@ -280,7 +306,7 @@ def create_app(
         counters=encodings.counters(),
         readiness=_readiness(settings, upstream, store, cache),
     )
-    return _asgi_app(state, _lifespan(state, cache, background))
+    return _asgi_app(state, _lifespan(state, cache, background, learning))
 
 
 def _asgi_app(state: AppState, lifespan: Lifespan) -> FastAPI:

@@ -38,7 +38,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from operator import attrgetter
-from typing import cast
+from typing import Any, cast
 
 WINDOW = 32  # observations kept per model
 DECAY = 0.9  # weight of an observation one step older: a new conversation takes over soon
@@ -393,11 +393,27 @@ def consensus(fits: Iterable[ClientFit], now: float, reach: Vector = CLIENT_REAC
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """One observation as the calibration took it: everything `Calibration.apply` needs to
+    take it again, the same way, on another replica (app/tokens/shared_state.py)."""
+
+    model: str
+    obs: Observation
+    bounds: Bounds
+    overflowed: bool
+    client: str
+    now: float
+
+
 class Calibration:
     """Per model: each client's recent observations and fit, and the correction in use — the
     clients' bounded consensus (`consensus`), so that one client's odd requests (a template of
     its own, counts its upstream reports differently) move another's counts only that far.
-    Thread-safe, bounded in models, clients per model and observations per client."""
+    Thread-safe, bounded in models, clients per model and observations per client.
+
+    `journal`, when set, is told every observation taken (replicas share them: the state of a
+    model is a function of its observations in order, `export`ed and `install`ed whole)."""
 
     def __init__(
         self,
@@ -414,18 +430,19 @@ class Calibration:
         self._history: dict[str, OrderedDict[str, deque[Observation]]] = {}
         self._fits: dict[str, dict[str, ClientFit]] = {}  # per model, per client: its last fit
         self._applied: dict[str, Correction] = {}
-        self._changes = 0  # how many times a correction in use changed
+        self._changes: dict[str, int] = {}  # per model: how many times its correction changed
         self._lock = threading.Lock()
+        self.journal: Callable[[Observed], None] | None = None
 
     def correction(self, model: str) -> Correction:
         with self._lock:
             return self._applied.get(model, NEUTRAL)
 
     def state(self, model: str) -> tuple[Correction, int]:
-        """The correction in use and how many times any changed so far: equal states mean
+        """The correction in use and how many times it changed so far: equal states mean
         nothing was recalibrated in between (what a remembered plan is keyed by)."""
         with self._lock:
-            return self._applied.get(model, NEUTRAL), self._changes
+            return self._applied.get(model, NEUTRAL), self._changes.get(model, 0)
 
     def corrections(self) -> dict[str, Correction]:
         with self._lock:
@@ -468,32 +485,82 @@ class Calibration:
         counts it at least at `obs.actual`."""
         if obs.raw <= 0 or obs.actual <= 0 or not plausible(obs, bounds):
             return
+        taken = Observed(model, obs, bounds, overflowed, client, self._clock())
+        if self.apply(taken) and self.journal is not None:
+            self.journal(taken)
+
+    def apply(self, taken: Observed) -> bool:
+        """Take one observation (`observe`'s work, at its own time); False past `max_models`."""
+        model, obs, bounds, client, now = (
+            taken.model, taken.obs, taken.bounds, taken.client, taken.now,
+        )  # fmt: skip
         with self._lock:
             history = self._client_history(model, client)
             if history is None:
-                return
+                return False
             history.append(obs)
-            now = self._clock()
             fits = self._fits[model]
             last = fits.get(client)
-            if not overflowed and last is not None and last.since < REFIT_EVERY:
+            if not taken.overflowed and last is not None and last.since < REFIT_EVERY:
                 expected = last.fit.predict(obs)
                 explained = min(MAX_EXPLAINED, max(DEADBAND / 2, 2 * last.scatter))
                 if abs(expected - obs.actual) <= explained * max(expected, DEADBAND_FLOOR):
                     fits[client] = replace(last, heard=now, since=last.since + 1)
-                    return
+                    return True
             fitted = fit(history, bounds)
-            backed = overflowed or (last is not None and last.backed)
+            backed = taken.overflowed or (last is not None and last.backed)
             scatter = _scatter(fitted, history)
             fits[client] = ClientFit(fitted, evidence(history), now, scatter, backed=backed)
             shared = consensus(fits.values(), now)
             applied = self._applied.get(model, NEUTRAL)
-            if overflowed:
+            if taken.overflowed:
                 self._applied[model] = reaching(shared, obs, bounds)
             elif moved(applied, shared, self._all(model)):
                 self._applied[model] = shared
-            self._changes += self._applied.get(model, NEUTRAL) != applied
+            if self._applied.get(model, NEUTRAL) != applied:
+                self._changes[model] = self._changes.get(model, 0) + 1
+            return True
 
     def _all(self, model: str) -> Iterator[Observation]:
         for history in self._history[model].values():
             yield from history
+
+    def export(self, model: str) -> dict[str, Any]:
+        """`model`'s whole state as plain JSON values (`install` takes it back)."""
+        with self._lock:
+            clients = self._history.get(model, OrderedDict())
+            fits = self._fits.get(model, {})
+            return {
+                "clients": [
+                    [c, [[o.raw, o.messages, o.actual, o.system, o.tools] for o in h]]
+                    for c, h in clients.items()
+                ],
+                "fits": {
+                    c: [list(f.fit.params()), list(f.evidence), f.heard, f.scatter, f.since,
+                        f.backed]
+                    for c, f in fits.items()
+                },
+                "applied": list(self._applied[model].params()) if model in self._applied else None,
+                "changes": self._changes.get(model, 0),
+            }
+
+    def install(self, model: str, state: dict[str, Any]) -> None:
+        """Replace `model`'s state with `state` (an `export`: another replica's)."""
+        with self._lock:
+            if model not in self._history and len(self._history) >= self._max_models:
+                return
+            clients: OrderedDict[str, deque[Observation]] = OrderedDict()
+            for client, rows in state["clients"]:
+                clients[client] = deque(
+                    (Observation(r[0], r[1], r[2], r[3], r[4]) for r in rows), maxlen=self._window
+                )
+            self._history[model] = clients
+            self._fits[model] = {
+                c: ClientFit(Correction(*f[0]), cast(Vector, tuple(f[1])), f[2], f[3], f[4], f[5])
+                for c, f in state["fits"].items()
+            }
+            if state["applied"] is None:
+                self._applied.pop(model, None)
+            else:
+                self._applied[model] = Correction(*state["applied"])
+            self._changes[model] = state["changes"]

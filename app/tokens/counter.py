@@ -21,7 +21,8 @@ module puts them together per request and per conversation.
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Mapping, Sequence
+import time
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, Protocol
 
 import orjson
@@ -90,9 +91,11 @@ class ChatTokenCounter(RawCounter):
         encodings: EncodingSet,
         model_table: ModelEncodings | None = None,
         cache_size: int = 50_000,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`clock`: the calibration's (wall time where replicas share it, their clocks one)."""
         super().__init__(encodings, model_table, cache_size)
-        self._calibration = Calibration()
+        self._calibration = Calibration(clock=clock)
         self._prefixes = Prefixes()
         self.texts = HistoryTexts()
 
@@ -224,6 +227,11 @@ class ChatTokenCounter(RawCounter):
         """What `model`'s counts depend on besides the message: the encoding and the
         calibration state (a remembered plan is keyed by it, app/compaction/replays.py)."""
         return (model, self.encoding_name(model), *self._calibration.state(model))
+
+    @property
+    def calibrated(self) -> Calibration:
+        """The calibration itself (replicas share its state: app/tokens/shared_state.py)."""
+        return self._calibration
 
     def calibration_factors(self) -> dict[str, float]:
         """The per-model factor on content learned so far (for /stats and /metrics)."""

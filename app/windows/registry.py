@@ -17,6 +17,7 @@ import time
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 from app.flight import SingleFlight
 from app.lru import BoundedLRU
@@ -36,6 +37,17 @@ class LimitSource(StrEnum):
     DISCOVERED = "discovered"
     TABLE = "table"
     FALLBACK = "fallback"
+
+
+@dataclass(frozen=True, slots=True)
+class WindowLearned:
+    """A window learned for (base URL, model): from an overflow error (`client` None) or from
+    `client`'s silent cut; what `WindowRegistry.apply` takes again on another replica."""
+
+    base_url: str
+    model: str
+    window: int
+    client: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +92,9 @@ class WindowRegistry:
 
     Discovery runs at most once per key per `ttl` seconds (a None answer is remembered too, so
     a server that says nothing is not asked on every request); concurrent callers share the one
-    in-flight discovery. Both maps are bounded: model names come from clients.
+    in-flight discovery. Both maps are bounded: model names come from clients. `journal`,
+    when set, is told every window learned, and `refresh` runs before a window is resolved
+    (replicas share what they learned: app/tokens/shared_state.py).
     """
 
     def __init__(
@@ -102,6 +116,8 @@ class WindowRegistry:
         self._silent: BoundedLRU[tuple[str, str], tuple[tuple[str, int], ...]] = BoundedLRU(
             max_keys
         )
+        self.journal: Callable[[WindowLearned], None] | None = None
+        self.refresh: Callable[[str, str], Awaitable[None]] | None = None
 
     @property
     def table(self) -> ModelTable:
@@ -110,14 +126,42 @@ class WindowRegistry:
     def learn(self, base_url: str, model: str, window: int) -> None:
         """Remember the window an upstream's overflow error named (exactly that: a prompt that
         fits it but still failed was miscounted, which is calibration's business)."""
-        self._learned.put((base_url, model), window)
+        self.apply(WindowLearned(base_url, model, window))
+
+    def apply(self, learned: WindowLearned, journal: bool = True) -> None:
+        """Take a learned window (`learn`, `learn_silent`); `journal`: tell the journal."""
+        key = (learned.base_url, learned.model)
+        if learned.client is None:
+            self._learned.put(key, learned.window)
+        else:
+            client = learned.client
+            others = [(c, w) for c, w in self._silent.get(key) or () if c != client]
+            self._silent.put(key, (*others[-(MAX_REPORTERS - 1) :], (client, learned.window)))
+        if journal and self.journal is not None:
+            self.journal(learned)
+
+    def export(self, base_url: str, model: str) -> dict[str, Any]:
+        """What was learned for (`base_url`, `model`), as plain JSON values (`install`)."""
+        key = (base_url, model)
+        return {"learned": self._learned.get(key), "silent": self._silent.get(key) or ()}
+
+    def install(self, base_url: str, model: str, state: dict[str, Any]) -> None:
+        """Replace what was learned for (`base_url`, `model`) with `state` (an `export`)."""
+        key = (base_url, model)
+        if state["learned"] is None:
+            self._learned.pop(key)
+        else:
+            self._learned.put(key, state["learned"])
+        silent = tuple((c, w) for c, w in state["silent"])
+        if silent:
+            self._silent.put(key, silent)
+        else:
+            self._silent.pop(key)
 
     def learn_silent(self, base_url: str, model: str, window: int, client: str) -> None:
         """Remember the window `client` saw the upstream cut a prompt to (silently): its own
         window from now on; every client's once `SILENT_QUORUM` distinct clients saw one."""
-        key = (base_url, model)
-        others = [(c, w) for c, w in self._silent.get(key) or () if c != client]
-        self._silent.put(key, (*others[-(MAX_REPORTERS - 1) :], (client, window)))
+        self.apply(WindowLearned(base_url, model, window, client))
 
     def _silent_window(self, key: tuple[str, str], client: str) -> int | None:
         """The silently learned window for `client`: its own, or the largest one at least
@@ -195,6 +239,8 @@ class WindowRegistry:
     ) -> Window:
         """The window for `model` at `base_url`; discovery runs only when it could matter.
         `betas`, `client`: as in `known_window`."""
+        if self.refresh is not None:
+            await self.refresh(base_url, model)
         forced = header_limit is not None or setting_limit is not None
         discovered = (
             None

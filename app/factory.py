@@ -42,11 +42,17 @@ from app.pricing.meter import CostMeter
 from app.pricing.table import PriceTable
 from app.proxy.api import Api, Exchange
 from app.proxy.chat import CHAT_API
-from app.proxy.completers import anthropic_summary_completer, summary_completer
+from app.proxy.completers import (
+    SummaryShapes,
+    anthropic_summary_completer,
+    responses_summary_completer,
+    summary_completer,
+)
 from app.proxy.messages import MESSAGES_API
 from app.proxy.passthrough import PassthroughService
 from app.proxy.responses import RESPONSES_API
 from app.proxy.service import ApiService
+from app.proxy.slots import UpstreamSlots
 from app.proxy.upstream import Upstream
 from app.settings import Settings
 from app.tokens.counter import ChatTokenCounter
@@ -121,17 +127,19 @@ def _compaction(
     elsewhere = settings.summary_upstream_url
     summary_route = Route(elsewhere, upstream.default_route.api_key) if elsewhere else None
 
+    shapes = SummaryShapes(summary_stats)
+
     def completer_for(model: str, headers: Mapping[str, str], api: ApiName) -> Completer:
-        # A Messages client's summaries are asked of its Anthropic upstream, with its key
-        # (unless SUMMARY_UPSTREAM_URL sends every summary to one chat-completions upstream).
-        if api == "messages" and summary_route is None:
-            complete = anthropic_summary_completer(
-                upstream, model, headers, settings.summary_timeout
-            )
+        # Asked through the client's own API (SUMMARY_UPSTREAM_URL: one chat upstream for all).
+        timeout = settings.summary_timeout
+        if summary_route is not None:
+            complete = summary_completer(upstream, model, headers, timeout, summary_route, shapes)
+        elif api == "messages":
+            complete = anthropic_summary_completer(upstream, model, headers, timeout)
+        elif api == "responses":
+            complete = responses_summary_completer(upstream, model, headers, timeout, shapes)
         else:
-            complete = summary_completer(
-                upstream, model, headers, settings.summary_timeout, summary_route
-            )
+            complete = summary_completer(upstream, model, headers, timeout, None, shapes)
         return CountedCompleter(complete, summary_stats)
 
     def summary_upstream(model: str, api: ApiName) -> str:
@@ -155,8 +163,8 @@ def _background(
     summary_stats: SummaryStats,
     submit: Callable[[UsageRecord], None],
 ) -> BackgroundSummaries:
-    """Summaries made off the request path: their calls recorded as usage, their start gated
-    on an idle upstream (`SUMMARY_WHEN_IDLE`)."""
+    """Summaries made off the request path: their calls recorded as usage, their start on a
+    one-slot upstream waiting (bounded) for an idle moment (`SUMMARY_WHEN_IDLE`)."""
 
     def record_summary(job: SummaryJob) -> None:
         for record in summary_records(job.usage, job.model, None):
@@ -166,7 +174,8 @@ def _background(
         summaries,
         concurrency=settings.summary_concurrency,
         idle=upstream.idle if settings.summary_when_idle else None,
-        idle_wait=max(60.0, settings.summary_timeout),
+        idle_wait=settings.summary_idle_wait,
+        gated=UpstreamSlots(upstream, settings.upstream_slots).gated,
         on_usage=record_summary,
         stats=summary_stats,
     )

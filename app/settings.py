@@ -103,7 +103,13 @@ class Settings(BaseSettings):
     summary_wait: bool = False  # true: a compaction event waits for its summary (the old way)
     summary_concurrency: int = Field(1, ge=1)  # background summaries in flight, per process
     summary_upstream_url: str | None = None  # summaries go here instead of the request's upstream
-    summary_when_idle: bool = True  # start one only when its upstream has no client request
+    # On an upstream that serves one request at a time, a background summary prefers a moment
+    # with no client request in flight, waiting for one at most this many seconds.
+    summary_when_idle: bool = True
+    summary_idle_wait: float = Field(2.0, ge=0)
+    # How many requests the upstream serves at once (unset: llama.cpp's `/props` says; a server
+    # that does not say is not gated). Only a one-slot upstream makes summaries wait.
+    upstream_slots: int | None = Field(None, ge=1)
     # a prefix's summary covering this share of an event's span stands in for it (1: never)
     summary_partial: float = Field(0.5, ge=0, le=1)
     # Facts survive (DESIGN.md §14): a summary ends with the identifiers of its span its text lost

@@ -30,6 +30,7 @@ from bench import (
     retention,
     slow_clients,
     summaries,
+    summaries_load,
     token_accuracy,
 )
 from bench.litellm import ensure_installed, litellm_proxy
@@ -37,7 +38,7 @@ from bench.procs import bare_relay, bare_relay_process, fake_upstream, proxy, pr
 
 SECTIONS = (
     "hot", "latency", "load", "tokens", "compaction", "summaries", "cost", "cache", "facts",
-    "slow", "retention",
+    "slow", "summaries-load", "retention",
 )  # fmt: skip
 
 
@@ -156,6 +157,9 @@ def main() -> None:
     if "summaries" in only:
         print("## Summaries off the request path: waiting for each vs in the background\n")
         print(summaries.report() + "\n")
+    if "summaries-load" in only:
+        print("## Summaries under sustained load: the idle gate as a wall vs a bounded wait\n")
+        print(summaries_load.report() + "\n")
     if "cost" in only:
         print("## Dollars on transcript replays: inflight vs uncompacted, caching counted\n")
         print(cost.report() + "\n")

@@ -163,6 +163,17 @@ def check_figures(driver: WebDriver, stats: dict[str, Any]) -> None:
     bars = driver.find_elements(By.CSS_SELECTOR, "#compactions .row")
     shown = {b.get_attribute("data-name"): b.find_element(By.CLASS_NAME, "num").text for b in bars}
     assert shown == {name: f"{n:,}" for name, n in stats["compactions"].items()}
+    facts = dict(
+        zip(
+            [e.text for e in driver.find_elements(By.CSS_SELECTOR, "#summaries dt")],
+            [e.text for e in driver.find_elements(By.CSS_SELECTOR, "#summaries dd")],
+            strict=True,
+        )
+    )
+    stood = stats["summaries"]["stand_ins"]
+    if stood:  # the share of compacted requests a summary stood in for
+        share = round(100 * stood.get("summary", 0) / sum(stood.values()))
+        assert facts["compacted requests with a summary"] == f"{share} % of {sum(stood.values()):,}"
     windows = driver.find_elements(By.CSS_SELECTOR, "#windows .row")
     assert {w.get_attribute("data-name") for w in windows} == {
         name for name, m in stats["models"].items() if "recent_window_share" in m
@@ -179,6 +190,7 @@ def test_dashboard_shows_what_stats_has(
     assert stats["cost"]["unpriced_requests"] == 1
     assert stats["compactions"]
     assert stats["summary_calls"] >= 1
+    assert stats["summaries"]["stand_ins"]  # the share of requests with a summary is shown
     browser.get(f"{base_url}/dashboard")
     _loaded(browser)
     check_figures(browser, stats)

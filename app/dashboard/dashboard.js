@@ -120,6 +120,15 @@
       rows.push(["timeouts", int(s.timeouts)]);
       rows.push(["fell back to trim", int(Object.values(s.fallbacks || {}).reduce((a, b) => a + b, 0))]);
       byReason("fell back", s.fallbacks);
+      const stood = s.stand_ins || {};
+      const cut = Object.values(stood).reduce((a, b) => a + b, 0);
+      if (cut > 0) {
+        const share = Math.round(100 * (stood.summary || 0) / cut);
+        rows.push(["compacted requests with a summary", share + " % of " + int(cut)]);
+        byReason("served without a summary", {pending: stood.pending || 0, failed: stood.failed || 0});
+      }
+      const started = (s.background || {}).started || {};
+      byReason("background summaries started", started);
     }
     for (const [name, value] of rows) facts.append(el("dt", name), el("dd", value));
   }

@@ -57,7 +57,24 @@ class _SummaryCollector(Collector):
             "Requests a shorter summary stood in for (whichever replica chose it)",
         )
         partial_requests.add_metric([], self._stats.partial_requests)
+        stand_ins = CounterMetricFamily(
+            "inflight_summary_stand_ins",
+            "Forwarded requests whose compaction cut a span, by what stood for it "
+            "(summary, pending: none ready yet, failed)",
+            labels=["state"],
+        )
+        for state, n in sorted(self._stats.stand_ins.items()):
+            stand_ins.add_metric([state], n)
+        starts = CounterMetricFamily(
+            "inflight_summary_background_starts",
+            "Background summaries started, by how: immediate, waited (for an idle one-slot "
+            "upstream), forced (ran busy after the bounded wait)",
+            labels=["how"],
+        )
+        for how, n in sorted(self._stats.background.starts.items()):
+            starts.add_metric([how], n)
         yield from (failures, fallbacks, attempts, partial_events, partial_requests)
+        yield from (stand_ins, starts)
 
 
 class Metrics:

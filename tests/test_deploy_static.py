@@ -92,7 +92,7 @@ def test_compose_services_settings_ports_and_health() -> None:
         upstream = re.match(r"http://([\w-]+):(\d+)/v1", env["INFLIGHT_UPSTREAM_URL"])
         assert upstream, name
         assert upstream.group(1) in services, f"{name} points at a missing service"
-        for port in service["ports"]:
+        for port in service.get("ports", ()):
             assert port.startswith("127.0.0.1:"), "publish on loopback only"
             assert port.endswith(f":{PORT}")
         assert "/healthz" in " ".join(service["healthcheck"]["test"])
@@ -110,6 +110,41 @@ def test_compose_profiles() -> None:
     assert "@postgres:5432/" in shared["environment"]["INFLIGHT_DATABASE_URL"]
     assert shared["environment"]["INFLIGHT_CACHE_URL"] == "redis://redis:6379/0"
     assert {"postgres", "redis"} <= set(shared["depends_on"])
+
+
+def test_shared_replicas_sit_behind_a_balancer_without_stickiness() -> None:
+    """The `shared` profile's replicas are reached only through nginx (official image), whose
+    config (deploy/nginx/inflight.conf) balances round robin over the replicas' service name
+    with no session affinity, streams unbuffered and re-resolves scaled replicas."""
+    services = compose()["services"]
+    shared, balancer = services["inflight-shared"], services["balancer"]
+    assert "ports" not in shared, "replicas are reached through the balancer only"
+    assert shared["deploy"]["replicas"] >= 2
+    assert balancer["image"].startswith("nginx:")
+    assert "shared" in balancer["profiles"]
+    assert "inflight-shared" in balancer["depends_on"]
+    assert all(p.startswith("127.0.0.1:") and p.endswith(f":{PORT}") for p in balancer["ports"])
+    mount = next(v for v in balancer["volumes"] if v.endswith("/etc/nginx/conf.d/default.conf:ro"))
+    conf = (ROOT / mount.split(":")[0]).read_text()
+    upstream = re.search(r"upstream (\w+) \{(.*?)\}", conf, re.S)
+    assert upstream is not None
+    assert re.search(rf"server inflight-shared:{PORT}\b", upstream.group(2))
+    for sticky in ("ip_hash", "hash ", "sticky", "least_conn"):
+        assert sticky not in upstream.group(2), f"no affinity assumed: {sticky}"
+    assert f"proxy_pass http://{upstream.group(1)};" in conf
+    assert "proxy_buffering off;" in conf
+    assert f"listen {PORT};" in conf
+    assert re.search(r"proxy_read_timeout (\d+)s;", conf)
+
+
+def test_kubernetes_service_balances_without_affinity() -> None:
+    """The Service spreads requests over every ready pod: no sessionAffinity (ClientIP would
+    pin a client to one replica, which nothing needs)."""
+    service = manifests()["Service/inflight"]["spec"]
+    assert service.get("sessionAffinity", "None") == "None"
+    assert service.get("type", "ClusterIP") == "ClusterIP"
+    annotations = manifests()["Ingress/inflight"]["metadata"]["annotations"]
+    assert not any("affinity" in key for key in annotations)
 
 
 def manifests() -> dict[str, dict[str, Any]]:

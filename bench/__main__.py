@@ -26,6 +26,7 @@ from bench import (
     latency,
     load,
     overhead,
+    replicas,
     responses,
     retention,
     slow_clients,
@@ -38,7 +39,7 @@ from bench.procs import bare_relay, bare_relay_process, fake_upstream, proxy, pr
 
 SECTIONS = (
     "hot", "latency", "load", "tokens", "compaction", "summaries", "cost", "cache", "facts",
-    "slow", "summaries-load", "retention",
+    "slow", "summaries-load", "replicas", "retention",
 )  # fmt: skip
 
 
@@ -160,6 +161,9 @@ def main() -> None:
     if "summaries-load" in only:
         print("## Summaries under sustained load: the idle gate as a wall vs a bounded wait\n")
         print(summaries_load.report() + "\n")
+    if "replicas" in only:
+        print("## Replicas round robin against one proxy (transcripts, shared state in Redis)\n")
+        print(replicas.report() + "\n")
     if "cost" in only:
         print("## Dollars on transcript replays: inflight vs uncompacted, caching counted\n")
         print(cost.report() + "\n")

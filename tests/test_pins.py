@@ -32,8 +32,8 @@ PINS = parse_pins("OPS-4127, re:order #W\\d{7}")
 
 
 def test_a_pin_list_is_literals_and_re_prefixed_patterns() -> None:
-    pins = parse_pins(" OPS-4127 ,re:id=\\d+, a.b ")
-    assert [p.source for p in pins] == ["OPS-4127", "re:id=\\d+", "a.b"]
+    pins = parse_pins(" OPS-4127 ,re:id=\\d{1,12}, a.b ")
+    assert [p.source for p in pins] == ["OPS-4127", "re:id=\\d{1,12}", "a.b"]
     assert pins[2].pattern.search("a.b")
     assert not pins[2].pattern.search("axb")
     assert parse_pins(["a, b", "c"])[0].source == "a, b"  # an array: one pin per item
@@ -81,9 +81,10 @@ def test_matches_are_in_order_each_once_and_bounded() -> None:
         "order #W1234567",
         "order #W7654321",
     ]
-    long = parse_pins("re:y+")
+    long = parse_pins("re:y{1,200}")
     assert pinned_matches([{"role": "user", "content": "y" * 500}], [0], long) == [
-        "y" * MAX_PIN_CHARS
+        "y" * MAX_PIN_CHARS,
+        "y" * 100,
     ]
 
 
@@ -229,3 +230,41 @@ async def test_the_preview_reports_what_became_of_the_cut_references(
     assert on["lost"] == 0
     for counts in (off, on):
         assert counts["retained"] + counts["restorable"] + counts["lost"] == counts["references"]
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        r"re:(a+)+x",  # nested repeats: exponential on "aaaa…"
+        r"re:(a|aa){1,9}",  # alternation under a repeat
+        r"re:\w+x",  # unbounded: quadratic over a long run of word characters
+        r"re:.*secret",
+        r"re:\d{3,}",
+        r"re:(\w{1,9})\1",  # a backreference
+        r"re:(?=a)b",  # a lookaround
+        r"re:\w{1,64}\d{1,64}",  # bounds multiplying past the work per position
+    ],
+)
+def test_a_regex_pin_whose_work_is_not_bounded_is_refused(pattern: str) -> None:
+    """A pin runs in the event loop on text the client sizes: a shape that can backtrack
+    without bound is a 400, never a stalled proxy."""
+    with pytest.raises(BadPin, match="too long"):
+        parse_pins(pattern)
+
+
+def test_the_regex_pins_of_one_request_share_one_work_bound() -> None:
+    one = r"re:[a-z]{1,30}\.py"  # 31 × 1 steps a position
+    parse_pins(", ".join([one] * 16))  # 496: within the bound
+    with pytest.raises(BadPin, match="together"):
+        parse_pins(", ".join(f"re:{c}{{1,200}}" for c in "uvwxyz"))  # 6 × 201 = 1206
+
+
+def test_a_hostile_text_is_scanned_only_so_far() -> None:
+    """What regex pins read of a cut is bounded whatever its size."""
+    from app.compaction.pins import SCANNED_CHARS
+
+    messages = [{"role": "tool", "content": "a" * (4 * SCANNED_CHARS) + "ORD-123456"}]
+    (pin,) = parse_pins(r"re:ORD-\d{6}")
+    assert pinned_matches(messages, [0], [pin]) == []  # past the bound: not read
+    messages = [{"role": "tool", "content": "ORD-123456 " + "a" * (4 * SCANNED_CHARS)}]
+    assert pinned_matches(messages, [0], [pin]) == ["ORD-123456"]

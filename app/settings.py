@@ -130,6 +130,12 @@ class Settings(BaseSettings):
     # each check given this long; `/readyz` answers from its last result.
     ready_interval: float = Field(10.0, gt=0)
     ready_timeout: float = Field(2.0, gt=0)
+    # Compaction that pays (DESIGN.md §16): compact under the threshold when the prompt cache's
+    # bill says so (X-Compaction-For-Cost), never a prompt of `cost_min_prompt` tokens or fewer;
+    # an unpriced (local) model is judged on prefill time at `prefill_rate` tokens a second.
+    compact_for_cost: bool = False
+    cost_min_prompt: int = Field(32768, ge=0)
+    prefill_rate: float | None = Field(None, gt=0)
     # `/metrics` and `/stats` name models configured or priced, and this many others (the first
     # seen in `/metrics`, the busiest in `/stats`); the rest are `other`.
     metrics_top_models: int = Field(20, ge=0)
@@ -174,7 +180,12 @@ class Settings(BaseSettings):
         return value.rstrip("/")
 
     @field_validator(
-        "upstream_api_key", "anthropic_api_key", "cache_url", "summary_upstream_url", mode="before"
+        "upstream_api_key",
+        "anthropic_api_key",
+        "cache_url",
+        "summary_upstream_url",
+        "prefill_rate",
+        mode="before",
     )
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:

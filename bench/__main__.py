@@ -21,6 +21,7 @@ from bench import (
     cache,
     compaction,
     cost,
+    cost_mode,
     facts,
     hot_path,
     latency,
@@ -39,7 +40,7 @@ from bench.procs import bare_relay, bare_relay_process, fake_upstream, proxy, pr
 
 SECTIONS = (
     "hot", "latency", "load", "tokens", "compaction", "summaries", "cost", "cache", "facts",
-    "slow", "summaries-load", "replicas", "retention",
+    "slow", "summaries-load", "replicas", "retention", "cost-mode",
 )  # fmt: skip
 
 
@@ -167,6 +168,9 @@ def main() -> None:
     if "cost" in only:
         print("## Dollars on transcript replays: inflight vs uncompacted, caching counted\n")
         print(cost.report() + "\n")
+    if "cost-mode" in only:
+        print("## Compaction that pays: cost mode off and on (transcripts, 200k window)\n")
+        print(cost_mode.report() + "\n")
     if "retention" in only:
         print("## Facts survive: reference retention per strategy (fake summariser)\n")
         print(retention.report() + "\n")

@@ -53,6 +53,7 @@ class Compacted:
     # what starts once the answer is on its way (not after an error): summaries ahead
     after_answer: tuple[Callable[[], object], ...] = ()
     client: str = ""  # who sent it (`app.http.auth.client_identity`): whose window it taught
+    economics: Mapping[str, object] | None = None  # the cut's costs and savings (§16)
 
 
 def view_body(conversation: Conversation) -> dict[str, Any]:
@@ -89,6 +90,7 @@ def compacted_of(wire: WireFormat, preview: Preview, on_overflow: OnOverflow) ->
         refs=result.refs,
         budget=preview.window - preview.reserve,
         after_answer=preview.after,
+        economics=None if preview.economics is None else preview.economics.as_dict(),
     )
 
 

@@ -82,7 +82,7 @@ def plan(
     # A history with no user message yet is not kept: its head may still move.
     keep = recall is not None and recall.replays.keep and shape.head_user
     if saved is not None and extended is not None:
-        calm = still_quiet(saved, extended, costs, budget.trigger, keep)
+        calm = still_quiet(saved, extended, costs, budget.calm, keep)
         if calm is not None:  # under the trigger since a pristine replay: only a mark is kept
             the_plan, mark = calm
             if recall is not None and mark is not None:
@@ -91,7 +91,7 @@ def plan(
         replay = saved.resumed(extended, costs)
     else:
         head_cost = fixed_tokens + sum(costs.render(i, 0, False) for i in range(head))
-        quiet = None if recall is not None else _quiet(shape, costs, head_cost, budget.trigger)
+        quiet = None if recall is not None else _quiet(shape, costs, head_cost, budget.calm)
         if quiet is not None:
             return quiet
         replay = _first(shape, costs, pipeline, budget, head_cost, summary_tokens, marked)
@@ -128,7 +128,7 @@ def _first(
         cut=head,
         pruned_before=head,
         scanned=head,
-        goal=budget.goal,
+        goal=budget.goal if budget.cost is None else budget.cost.kept(budget.goal),
         marked=marked,
         replayed=head,
         before=head_cost,

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, cast, get_args
 
+from app.compaction.cost_mode import CostRule
 from app.compaction.pins import BadPin, Pin, parse_pins
 from app.errors import InvalidControl
 
@@ -26,6 +27,7 @@ _BODY_KEYS = {
     "restore": "x-compaction-restore",
     "summary_wait": "x-compaction-summary-wait",
     "pin": "x-compaction-pin",
+    "for_cost": "x-compaction-for-cost",
 }
 
 
@@ -42,6 +44,7 @@ class Controls:
     restore: bool | None = None  # offer the model `inflight_restore` (§11)
     summary_wait: bool | None = None  # a compaction event waits for its summary (§12)
     pins: tuple[Pin, ...] | None = None  # text kept verbatim beside a stand-in (§14)
+    for_cost: bool | None = None  # compact under the threshold when it pays (§16)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,10 +55,18 @@ class Budget:
     reserve: int
     threshold: float
     target: float
+    cost: CostRule | None = None  # cost mode (§16): events also when a cut pays
 
     @property
     def budget(self) -> int:
         return max(1, self.window - self.reserve)
+
+    @property
+    def calm(self) -> int:
+        """The largest prompt no event can touch: the trigger, or lower in cost mode."""
+        if self.cost is None:
+            return self.trigger
+        return min(self.trigger, self.cost.calm(self.goal))
 
     @property
     def trigger(self) -> int:
@@ -233,7 +244,9 @@ def _controls(raw: Mapping[str, tuple[Any, str]]) -> Controls:
         restore = _switch(*raw["x-compaction-restore"], "on or off")
     if "x-compaction-summary-wait" in raw:
         wait = _switch(*raw["x-compaction-summary-wait"], "true or false")
-    pins = None
+    pins = for_cost = None
+    if "x-compaction-for-cost" in raw:
+        for_cost = _switch(*raw["x-compaction-for-cost"], "on or off")
     if "x-compaction-pin" in raw:
         value, param = raw["x-compaction-pin"]
         try:
@@ -250,6 +263,7 @@ def _controls(raw: Mapping[str, tuple[Any, str]]) -> Controls:
         restore=restore,
         summary_wait=wait,
         pins=pins,
+        for_cost=for_cost,
     )
 
 

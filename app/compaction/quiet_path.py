@@ -24,7 +24,7 @@ def quiet_outcome(job: Job, budget: Budget, summarizing: RequestSummaries | None
     over, or when summaries would start ahead of its next event
     (`RequestSummaries.keeps_still`)."""
     tokens = job.count_fixed() + sum(job.counts())
-    if tokens > budget.trigger:
+    if tokens > budget.calm:
         return None
     if summarizing is not None and not summarizing.keeps_still(
         job.conversation.messages, job.summary_model, tokens, budget, job.wait

@@ -48,6 +48,7 @@ class Replay:
     priced: int = 0  # units before this have their savings up to date (when pruning)
     replayed: int = 0  # the prefix replayed so far, in units
     before: int = 0  # its tokens as received
+    spend: float = 0.0  # cost mode: the rent its requests paid since the last event (§16)
 
     def _copy(self, shape: UnitRoles, costs: UnitCosts) -> Replay:
         """This state for `shape`'s units (those replayed are the same), priced by `costs`;
@@ -105,10 +106,23 @@ class Replay:
                 self.replayed = n - 1
                 kept = self.saved()
             self.before += self.add(k - 1)
-            if self.pipeline and self.total(k) > trigger:
+            if self.pipeline and (self.total(k) > trigger or self._pays(k)):
                 self.event(k)
         self.replayed = n
         return kept
+
+    def _pays(self, k: int) -> bool:
+        """Cost mode (DESIGN.md §16): when unit k-1 ends a request (a user turn, or a tool
+        round's answers), that request re-read from the cache what a cut to the goal would
+        remove; whether the rent paid since the last event reached the price of the cut."""
+        cost = self.budget.cost
+        if cost is None:
+            return False
+        i = k - 1
+        total = self.total(k)
+        if self.shape.turns[i] == "user" or self.shape.units[i].kind in TOOL_KINDS:
+            self.spend += cost.rent(total, self.goal)
+        return cost.pays(self.spend, total, self.budget.goal, self.head_cost)
 
     @property
     def summarizing(self) -> bool:
@@ -181,8 +195,10 @@ class Replay:
         return following == "user" or self.shape.next_turn[position] >= k
 
     def event(self, k: int) -> None:
-        """The prefix of k units crossed the threshold: apply the pipeline down to the goal."""
+        """The prefix of k units crossed the threshold (or, in cost mode, a cut pays): apply
+        the pipeline down to the goal."""
         before = (self.cut, len(self.dropped))
+        self.spend = 0.0
         for strategy in self.pipeline:
             if self.total(k) <= self.goal:
                 break

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from app.compaction.cost_mode import Economics
 from app.compaction.engine import CompactionResult
 from app.compaction.facts import fate, identifier_set, message_text, whole_positions
 from app.compaction.formats import Conversation
@@ -44,6 +45,7 @@ class Preview:
     # a partial stand-in (app/compaction/summary/partial.py): the share of the cut span's
     # tokens its summary covers
     summary_covers: float | None = None
+    economics: Economics | None = None  # what the cut costs and saves (DESIGN.md §16)
 
     def start_background(self) -> None:
         """Start the background summaries this request asked for (once)."""
@@ -107,6 +109,7 @@ def preview_report(preview: Preview) -> dict[str, Any]:
         "compaction_events": len(plan.events),
         "summary": _summary(preview),
         "facts": facts_report(preview),
+        "economics": None if preview.economics is None else preview.economics.as_dict(),
     }
 
 

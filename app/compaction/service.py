@@ -17,6 +17,7 @@ from functools import partial
 from typing import Any
 
 from app.compaction.compacted import Compacted, compacted_of, ledgered, overflow_bound
+from app.compaction.cost_mode import CostRule, Economics, economics
 from app.compaction.engine import compact
 from app.compaction.formats import WireFormat
 from app.compaction.formats.chat import ChatFormat
@@ -45,6 +46,7 @@ from app.compaction.summary.stand_in import without_summary
 from app.errors import BadRequest
 from app.http.auth import client_identity
 from app.jsontext import HistoryTexts
+from app.pricing.table import PriceTable
 from app.settings import LedgerMode, Settings
 from app.tokens.counter import TokenCounter
 from app.windows.overflow import OverflowInfo, parse_overflow
@@ -72,12 +74,15 @@ class CompactionService:
         *,
         background: BackgroundSummaries | None = None,
         summary_upstream: UpstreamOf | None = None,
+        prices: PriceTable | None = None,
     ) -> None:
         """`background` makes summaries off the request path (without it, every request waits
         for its summary, as in wait mode); `summary_upstream` names the
         upstream a summary of (model, API) goes to, whose idleness a background one waits
-        for (default: the request's)."""
+        for (default: the request's); `prices`: what cost mode weighs (default: the
+        deployment's `prices.toml`)."""
         self._settings = settings
+        self._prices = prices or PriceTable.load(settings.config_file("prices.toml"))
         self._counter = counter
         self._windows = windows
         self._summarizing = (
@@ -127,7 +132,9 @@ class CompactionService:
             client=client_identity(headers),
         )
         reserve = output_reserve(cleaned, window.tokens)
-        budget = self._budget(controls, window.tokens, reserve)
+        rule = self._cost_rule(model)
+        cost = rule if self._for_cost(controls) else None
+        budget = self._budget(controls, window.tokens, reserve, cost)
         pipeline = resolve_pipeline(
             self._strategies(controls) if strategies is None else strategies,
             summarizer_available=self._summarizing is not None,
@@ -159,6 +166,7 @@ class CompactionService:
             tuple(job.later),
             tuple(job.after),
             stand.covers if stand is not None else None,
+            economics=_economics(job, outcome, rule),
         )
         if not forwarding:
             preview.start_background()
@@ -285,10 +293,27 @@ class CompactionService:
             return None
         return Replays(self._replays, partial(self._counter.counting, model))
 
-    def _budget(self, controls: Controls, window: int, reserve: int) -> Budget:
+    def _budget(
+        self, controls: Controls, window: int, reserve: int, cost: CostRule | None
+    ) -> Budget:
         threshold = controls.threshold or self._settings.threshold
         target = min(controls.target or self._settings.target, threshold)
-        return Budget(window=window, reserve=reserve, threshold=threshold, target=target)
+        return Budget(window, reserve, threshold, target, cost)
+
+    def _for_cost(self, controls: Controls) -> bool:
+        """Whether cost mode is on (DESIGN.md §16): header or body, else the setting."""
+        on = controls.for_cost
+        return self._settings.compact_for_cost if on is None else on
+
+    def _cost_rule(self, model: str) -> CostRule | None:
+        """What a prompt token of `model` costs to re-read and to re-write: its prices, else
+        (a local model) prefill time at `INFLIGHT_PREFILL_RATE`; None when neither is known."""
+        floor = self._settings.cost_min_prompt
+        price = self._prices.lookup(model)
+        if price is not None:
+            return CostRule.priced(price.cache_read_rate, price.cache_write_rate, floor)
+        rate = self._settings.prefill_rate
+        return CostRule.prefill(rate, floor) if rate is not None else None
 
     def _waits(self, controls: Controls) -> bool:
         """Whether a compaction event of this request waits for its summary (wait mode)."""
@@ -405,3 +430,15 @@ class CompactionService:
         return learn_silent_cut(
             self._windows, base_url, model, reported, estimate, trusted, sent.client
         )
+
+
+def _economics(job: Job, outcome: Outcome, rule: CostRule | None) -> Economics | None:
+    """What this request's cut costs and saves (DESIGN.md §16); None when nothing was cut or
+    the model has no price (nor a prefill rate)."""
+    result = outcome.result
+    plan = result.plan
+    if rule is None or not result.applied or not plan.units:
+        return None
+    end = plan.units[plan.head - 1].end if plan.head else 0
+    head = job.count_fixed() + sum(job.count(m) for m in job.conversation.messages[:end])
+    return economics(rule, result.tokens_before, result.tokens_after, head)

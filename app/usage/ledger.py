@@ -98,6 +98,7 @@ class Ledger:
             "tokens_before": compacted.tokens_before,
             "tokens_after": compacted.tokens_after,
             "context_limit": compacted.context_limit,
+            "economics": compacted.economics,
         }
         owner = exchange.client_key_id or ""
         full = self.mode is LedgerMode.FULL

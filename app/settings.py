@@ -62,6 +62,16 @@ class LedgerMode(StrEnum):
 class Settings(BaseSettings):
     """Deployment configuration (DESIGN.md §2). A bad value is a startup error, not a 500."""
 
+class ContextEditsMode(StrEnum):
+    """Who applies Anthropic context editing (DESIGN.md §13): `auto` — the upstream when it is
+    Anthropic's API (host api.anthropic.com), else inflight; `proxy` — always inflight;
+    `upstream` — always forwarded untouched."""
+
+    AUTO = "auto"
+    PROXY = "proxy"
+    UPSTREAM = "upstream"
+
+
     model_config = SettingsConfigDict(
         env_prefix="INFLIGHT_",
         env_file=".env",
@@ -77,6 +87,7 @@ class Settings(BaseSettings):
     api_keys: Annotated[tuple[SecretStr, ...], NoDecode] = ()
     config_dir: Path | None = None  # unset: the packaged defaults (`packaged_config_dir`)
     strategy: str = "auto"
+    context_edits: ContextEditsMode = ContextEditsMode.AUTO  # `context_management.edits` (§13)
     threshold: float = Field(0.80, gt=0, le=1)
     target: float = Field(0.50, gt=0, le=1)
     context_limit: int | None = Field(None, gt=0)

@@ -383,7 +383,8 @@ def item_lists(draw: st.DrawFn) -> dict[str, Any]:
     """A Responses request: a generated chat conversation as items (instructions or a system
     item, shorthand or typed messages, reasoning before calls), with rounds of the other call
     kinds and items of every other type (`extra_round`, `other_items`) mixed in at random
-    places. Server-side history (`compaction`…) is left out: it is forwarded as received."""
+    places; maybe compacted by the provider first, as Codex's history is after
+    `/v1/responses/compact` (`compacted`)."""
     messages = draw(conversations())
     body = request_body(
         messages,
@@ -403,4 +404,24 @@ def item_lists(draw: st.DrawFn) -> dict[str, Any]:
             continue
         insert = draw(st.one_of(extra_round(k), other_items(k)))
         items[at:at] = insert
+    points = request_points(items)
+    if points and draw(st.booleans()):
+        body["input"] = compacted(items, draw(st.sampled_from(points)))
     return body
+
+
+def compaction_item(k: int = 0) -> dict[str, Any]:
+    """A provider's `compaction` item (SDK: `ResponseCompactionItemParam`)."""
+    return {"type": "compaction", "id": f"cmp_{k}", "encrypted_content": f"gAAAA{k}" + "x" * 200}
+
+
+def compacted(items: Sequence[Mapping[str, Any]], at: int) -> list[Any]:
+    """`items` as the provider compacts them at request point `at`: the system, developer and
+    user messages before it, then one `compaction` item standing for the rest of them, then
+    what followed."""
+    kept = [
+        item
+        for item in items[:at]
+        if item_kind(item) == "message" and item.get("role") in ("system", "developer", "user")
+    ]
+    return [*kept, compaction_item(at), *items[at:]]

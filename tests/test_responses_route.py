@@ -154,10 +154,6 @@ async def test_the_stream_is_relayed_as_it_came_and_usage_read_from_response_com
         ({"input": "a plain prompt " * 3000}, "input is a string"),
         ({"input": agent_items(), "previous_response_id": "resp_1"}, "previous_response_id"),
         (
-            {"input": [*agent_items(), {"type": "compaction", "encrypted_content": "opaque"}]},
-            "compaction item",
-        ),
-        (
             {
                 "input": [
                     *agent_items(),

@@ -7,23 +7,44 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
 from app.errors import ProxyError
 from app.http.reuse import Reused
 from app.proxy.restore import Dialect
-from app.proxy.sse_tap import Usage
+from app.proxy.sse_tap import EventEdit, Usage
+from app.settings import ContextEditsMode
 from app.usage.records import Outcome
 
 if TYPE_CHECKING:
     from app.compaction.compacted import Compacted
+    from app.compaction.context_edits import EditedBody
     from app.compaction.formats import WireFormat
     from app.compaction.summary.prompt import SummaryUsage
 
 # (bytes to forward, the parsed body) -> (bytes asking for stream usage, cut the usage chunk)
 StreamUsage = Callable[[bytes, Mapping[str, Any]], tuple[bytes, bool]]
+
+
+class ContextEditing(Protocol):
+    """A client's own context-management request, honoured by the proxy where the upstream
+    would ignore it (DESIGN.md §13): applied to the body, and reported on the answer."""
+
+    def apply(
+        self, body: dict[str, Any], base_url: str, mode: ContextEditsMode
+    ) -> EditedBody | None:
+        """The body with the edits applied (None: not the proxy's to apply)."""
+        ...
+
+    def answer(self, content: bytes, report: dict[str, Any]) -> bytes:
+        """A JSON answer stating `report`."""
+        ...
+
+    def stream(self, report: dict[str, Any], inner: EventEdit | None) -> EventEdit:
+        """The stream edit stating `report` (after `inner`, restore's)."""
+        ...
 
 
 def openai_error_body(error: ProxyError) -> dict[str, Any]:
@@ -50,6 +71,7 @@ class Api:
     # Anthropic's API: sent to INFLIGHT_ANTHROPIC_UPSTREAM_URL, its key in `x-api-key`.
     anthropic: bool = False
     restore: Dialect | None = None  # how restore offers its tool here (None: not offered)
+    context_edits: ContextEditing | None = None  # the client's own context editing (§13)
 
     def error_frame(self, error: ProxyError) -> bytes:
         """`error` as a final SSE event, for a stream that already started."""
@@ -76,6 +98,8 @@ class Exchange:
     retried: bool = False
     upstream_truncated: bool = False  # the upstream cut the prompt silently (DESIGN.md §11)
     rounds: int = 1  # upstream requests restore made for it (usage is their sum)
+    # the `context_management` report of edits the proxy applied, added to the answer
+    context_management: dict[str, Any] | None = None
 
     @property
     def route(self) -> str:

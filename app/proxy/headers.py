@@ -28,7 +28,7 @@ HOP_BY_HOP = frozenset(
 )
 _REQUEST_DROP = HOP_BY_HOP | {"host", "content-length"}
 # Where clients send credentials (OpenAI, Anthropic, Azure): the proxy reads its own key from
-# them (app/http/auth.py), and an upstream key that replaces the client's replaces all of them.
+# them (app/credentials.py), and an upstream key that replaces the client's replaces all of them.
 CREDENTIAL_HEADERS = frozenset({"authorization", "x-api-key", "api-key"})
 _RESPONSE_DROP = HOP_BY_HOP | {"content-length", "date", "server"}
 
@@ -70,6 +70,19 @@ def filter_request_headers(
     if identity:
         out = [(k, v) for k, v in out if k.lower() != "accept-encoding"]
         out.append(("accept-encoding", "identity"))
+    return out
+
+
+def without_beta(headers: list[tuple[str, str]], flag: str) -> list[tuple[str, str]]:
+    """`headers` with `flag` taken out of `anthropic-beta` (a comma list: the other flags kept
+    in order; a header left empty is dropped)."""
+    out: list[tuple[str, str]] = []
+    for name, value in headers:
+        if name.lower() == "anthropic-beta":
+            value = ",".join(f.strip() for f in value.split(",") if f.strip() not in ("", flag))
+            if not value:
+                continue
+        out.append((name, value))
     return out
 
 

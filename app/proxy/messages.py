@@ -4,20 +4,28 @@ Its own points: requests go to `INFLIGHT_ANTHROPIC_UPSTREAM_URL` (or the model's
 upstream) with the key in `x-api-key`; the body is an object naming its model (what `messages`
 holds is the adapter's to judge, and only when it must rewrite it); usage is in the JSON answer
 and in a stream's `message_start` and `message_delta`, never asked for; the proxy's own errors
-use Anthropic's envelope `{"type": "error", "error": {"type", "message"}}`.
+use Anthropic's envelope `{"type": "error", "error": {"type", "message"}}`; context editing
+(`context_management`) is applied here for an upstream that is not Anthropic's (DESIGN.md §13),
+and reported on the answer: the JSON message, or a stream's `message_delta`.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
+import orjson
+
+from app.compaction.context_edits import EditedBody, apply_edits
 from app.compaction.formats.messages import MessagesFormat
 from app.errors import ProxyError
 from app.http.body import check_model_rest
 from app.proxy.api import Api
 from app.proxy.responses import parse_responses_body
 from app.proxy.restore_messages import MessagesDialect
-from app.proxy.sse_tap import Usage
+from app.proxy.sse_tap import EventEdit, Usage
+from app.settings import ContextEditsMode
 
 # Anthropic's error types by status (https://docs.anthropic.com/en/api/errors).
 ERROR_TYPES = {
@@ -37,6 +45,64 @@ def anthropic_error_body(error: ProxyError) -> dict[str, Any]:
     return {"type": "error", "error": {"type": kind, "message": error.message}}
 
 
+ANTHROPIC_HOST = "api.anthropic.com"
+
+
+class AnthropicContextEditing:
+    """Anthropic's context editing (`context_management.edits`, beta
+    `context-management-2025-06-27`) on a Messages upstream that is not Anthropic's API."""
+
+    def apply(
+        self, body: dict[str, Any], base_url: str, mode: ContextEditsMode
+    ) -> EditedBody | None:
+        """`body` with its edits applied by the proxy, when they are the proxy's to apply:
+        `proxy`, or `auto` and an upstream other than Anthropic's API. None: the body goes as
+        it is (no edits asked, or the upstream applies them)."""
+        if "context_management" not in body or mode is ContextEditsMode.UPSTREAM:
+            return None
+        if mode is ContextEditsMode.AUTO and urlsplit(base_url).hostname == ANTHROPIC_HOST:
+            return None
+        return apply_edits(body)
+
+    def answer(self, content: bytes, report: dict[str, Any]) -> bytes:
+        """A JSON message with the `context_management` report added (what is not a JSON
+        object, or already states one, as it came)."""
+        try:
+            message = orjson.loads(content)
+        except orjson.JSONDecodeError:
+            return content
+        if not isinstance(message, dict) or message.get("context_management") is not None:
+            return content
+        return orjson.dumps({**message, "context_management": report})
+
+    def stream(self, report: dict[str, Any], inner: EventEdit | None) -> EventEdit:
+        return ReportEdits(report, inner)
+
+
+@dataclass(slots=True)
+class ReportEdits:
+    """An `EventEdit` adding the `context_management` report to a stream's `message_delta`
+    (where Anthropic states it); `inner` (restore's) sees each event first."""
+
+    report: dict[str, Any]
+    inner: EventEdit | None = None
+    _inner_wants: bool = field(default=False)
+
+    def wants(self, payload: bytes) -> bool:
+        self._inner_wants = self.inner is not None and self.inner.wants(payload)
+        return self._inner_wants or b"message_delta" in payload
+
+    def apply(self, event: dict[str, Any]) -> list[dict[str, Any]]:
+        inner = self.inner if self._inner_wants else None
+        events = inner.apply(event) if inner is not None else [event]
+        return [
+            {**e, "context_management": self.report}
+            if e.get("type") == "message_delta" and e.get("context_management") is None
+            else e
+            for e in events
+        ]
+
+
 MESSAGES_API = Api(
     route="/v1/messages",
     upstream_path="/messages",
@@ -48,4 +114,5 @@ MESSAGES_API = Api(
     error_body=anthropic_error_body,
     anthropic=True,
     restore=MessagesDialect(),
+    context_edits=AnthropicContextEditing(),
 )

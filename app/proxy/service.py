@@ -21,11 +21,12 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from app.compaction.context_edits import CONTEXT_MANAGEMENT_BETA
 from app.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
 from app.http.body import ClientGone, body_owner, read_body
 from app.http.reuse import ParsedBodies, Reused
 from app.proxy.api import Api, Exchange
-from app.proxy.headers import filter_request_headers, filter_response_headers
+from app.proxy.headers import filter_request_headers, filter_response_headers, without_beta
 from app.proxy.relay import RelayResponse, RelayResult, buffered_response
 from app.proxy.restore import Receive, RestoreLoop, Send, offer, restore_headers, unless_hung_up
 from app.proxy.restore_stream import follow
@@ -160,6 +161,7 @@ class ApiService:
         """Compact, send (retrying once after an overflow the compactor recovers), relay."""
         route = self._upstream.route(exchange.model, anthropic=self.api.anthropic)
         wire = self.api.wire
+        self._edit(exchange, route.base_url)
         exchange.compacted = await self._compactor.prepare(
             wire, exchange.request_headers, exchange.body, route.base_url
         )
@@ -170,6 +172,8 @@ class ApiService:
             identity=True,
             key_header="x-api-key" if self.api.anthropic else "authorization",
         )
+        if exchange.context_management is not None:
+            headers = without_beta(headers, CONTEXT_MANAGEMENT_BETA)
         url = self._upstream.url(
             route, self.api.upstream_path, request.scope.get("query_string", b"")
         )
@@ -205,6 +209,17 @@ class ApiService:
                     restoring = self._restoring(exchange)
                     continue
             return await self._buffered(exchange, upstream, content)
+
+    def _edit(self, exchange: Exchange, base_url: str) -> None:
+        """Apply the client's own context editing when it is the proxy's to apply (DESIGN.md
+        §13): from here on the request is the edited body, without the field."""
+        editing = self.api.context_edits
+        if editing is None:
+            return
+        edited = editing.apply(exchange.body, base_url, self._settings.context_edits)
+        if edited is not None:
+            exchange.body, exchange.raw = edited.body, orjson.dumps(edited.body)
+            exchange.context_management = edited.report()
 
     def _restoring(self, exchange: Exchange) -> RestoreLoop | None:
         """Restore's loop when it is on and has something to offer on this API (DESIGN.md
@@ -266,6 +281,9 @@ class ApiService:
                 exchange.usage = earlier.plus(stated.after(earlier))  # restore: every round's
             base_url = self._upstream.route(exchange.model, anthropic=self.api.anthropic).base_url
             self._check_truncation(exchange, base_url)
+            editing, report = self.api.context_edits, exchange.context_management
+            if editing is not None and report is not None:
+                content = editing.answer(content, report)
         self._sent(exchange)
         headers = self._response_headers(exchange, upstream)
         # recorded (and the counter calibrated) once the answer is on its way
@@ -332,6 +350,9 @@ class ApiService:
                 self._compactor.learn(self.api.wire, exchange.body, exchange.compacted, failure)
             await self._finish(exchange)
 
+        editing, report = self.api.context_edits, exchange.context_management
+        if editing is not None and report is not None:
+            tap.edit = editing.stream(report, tap.edit)
         self._sent(exchange)
         return RelayResponse(
             upstream,

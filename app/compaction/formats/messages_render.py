@@ -179,8 +179,9 @@ def _assemble(
             )
             last_turn = None
         elif pieces[source].turn != last_turn:
-            last_turn = pieces[source].turn
-            assembly.turn(turns[last_turn][1])
+            for t in range(pieces[source].turn, pieces[source].last_turn + 1):
+                assembly.turn(turns[t][1])
+            last_turn = pieces[source].last_turn
     return assembly.outs
 
 

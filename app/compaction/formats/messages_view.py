@@ -15,7 +15,11 @@ turn (a maximal run of same-role messages):
   `messages` too: the planner pins it where it stands and it takes no turn (§3).
 
 Each view message remembers its `Piece`: the blocks of the body it stands for, by path.
-`system`, `tools` and `tool_choice` are `fixed`; the first user message is the pinned head. The
+`system`, `tools` and `tool_choice` are `fixed`; the first user message is the pinned head. An
+Anthropic `compaction` block (beta `compact-2026-01-12`) stands in for the history before it
+(DESIGN.md §13): every turn up to the last one holding such a block, and the user turn after it,
+is one pinned user view message, so what follows is compacted and nothing before or across it
+is cut. The
 turns of a valid request alternate and a tool round takes an assistant turn and a user turn, so
 the view follows the strict role order (§4.6) and every plan keeps the turns alternating.
 """
@@ -35,6 +39,7 @@ from app.compaction.formats.messages_rules import block_type, blocks_of, turns_o
 Path = tuple[int, ...]  # (message, block) or (message, block, block inside a tool_result)
 PieceKind = Literal["assistant", "result", "extra", "plain"]
 THINKING = frozenset({"thinking", "redacted_thinking"})
+COMPACTION = "compaction"
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,9 +52,14 @@ class Piece:
     parts: tuple[Path, ...]
     calls: tuple[Path, ...] = ()
     hidden: tuple[Path, ...] = ()
+    through: int | None = None  # the last turn it covers, when more than `turn` (the head)
 
     def paths(self) -> tuple[Path, ...]:
         return self.parts + self.calls + self.hidden
+
+    @property
+    def last_turn(self) -> int:
+        return self.turn if self.through is None else self.through
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,9 +182,34 @@ class _Builder:
         content = [view_part(b) for _, b in blocks]
         self.add({"role": role, "content": content}, Piece(t, "plain", tuple(p for p, _ in blocks)))
 
+    def pinned(self, turns: Sequence[tuple[Any, list[int]]]) -> int:
+        """The turns a `compaction` block stands in for, and the user turn after it, as one
+        pinned user view message; returns the first turn after them (0: no such block)."""
+        holding = [
+            t
+            for t, (_, indices) in enumerate(turns)
+            if any(
+                block_type(b) == COMPACTION for i in indices for b in blocks_of(self.messages[i])
+            )
+        ]
+        if not holding:
+            return 0
+        end = holding[-1]
+        if turns[end][0] != "user":
+            end = next((t for t in range(end + 1, len(turns)) if turns[t][0] == "user"), end)
+        blocks = [b for t in range(end + 1) for b in self.blocks(turns[t][1])]
+        content = [view_part(b) for _, b in blocks]
+        paths = tuple(p for p, _ in blocks)
+        self.add({"role": "user", "content": content}, Piece(0, "plain", paths, through=end))
+        return end + 1
+
     def build(self) -> None:
         calling = False
-        for t, (role, indices) in enumerate(turns_of(self.messages)):
+        turns = turns_of(self.messages)
+        start = self.pinned(turns)
+        for t, (role, indices) in enumerate(turns):
+            if t < start:
+                continue
             blocks = self.blocks(indices) if isinstance(role, str) else []
             if role == "assistant":
                 calling = self.assistant(t, blocks)

@@ -19,14 +19,18 @@ One view message per group of items, in order:
 - any other item (`web_search_call`, `item_reference`, …) is a message of its own.
 
 The pinned head is `instructions` (in `fixed`, counted with the tools), then the leading
-system/developer items and the first user item, exactly as for chat.
+system/developer items and the first user item, exactly as for chat. A provider `compaction`
+item (what `/v1/responses/compact` returns, DESIGN.md §13) stands in for the history before it:
+every item up to the last one is one pinned user view message, and what follows is compacted
+like any history, never cut before or across it.
 
 Rendering puts every view message the plan left untouched back as its very items (the same
 objects, so they serialise to the bytes the client sent as orjson writes them); a truncated or
 pruned output keeps its item with a new `output`, a deeply truncated call keeps its item with new
-arguments, and the summary is a message item. A string `input`, server-side history
-(`previous_response_id`, `conversation`), a `compaction` item, or an output whose call is not
-in its round make the request one to forward as received (`Conversation.skip`).
+arguments, and the summary is a message item (after a pinned compaction item, when folded
+into the head). A string `input`, server-side history (`previous_response_id`,
+`conversation`), or an output whose call is not in its round make the request one to forward
+as received (`Conversation.skip`).
 """
 
 from __future__ import annotations
@@ -73,8 +77,7 @@ CALLS: dict[str, CallKind] = {
     "program": CallKind("program_output", "call_id", ("call_id",), ("code",)),
 }
 OUTPUTS: dict[str, str] = {kind.output: call for call, kind in CALLS.items()}
-# Items that stand for history the proxy cannot see or must not touch: forwarded as received.
-SERVER_SIDE_ITEMS = frozenset({"compaction", "compaction_trigger"})
+COMPACTION = "compaction"  # a provider's stand-in for the history before it: pinned
 SKIP_STRING_INPUT = "input is a string"
 SKIP_NO_INPUT = "no input items"
 
@@ -84,6 +87,7 @@ class ResponsesConversation(Conversation):
     """The view with, for each view message, the indices of the `input` items it stands for."""
 
     groups: tuple[tuple[int, ...], ...] = ()
+    compacted_head: bool = False  # view message 0 is the history through a `compaction` item
 
     def origin(self, position: int) -> tuple[int, ...]:
         """The `input` items of view message `position`."""
@@ -276,14 +280,31 @@ def _view(items: Sequence[Mapping[str, Any]], group: tuple[int, ...]) -> dict[st
     return view
 
 
-def _skip(body: Mapping[str, Any], items: Sequence[Mapping[str, Any]]) -> str | None:
+def _skip(body: Mapping[str, Any]) -> str | None:
     for field in ("previous_response_id", "conversation"):
         if body.get(field) is not None:
             return f"{field}: the history is kept upstream"
-    for i, item in enumerate(items):
-        if _kind(item) in SERVER_SIDE_ITEMS:
-            return f"input[{i}] is a {_kind(item)} item"
     return None
+
+
+def _pinned_through_compaction(
+    items: Sequence[Mapping[str, Any]], groups: list[tuple[int, ...]], views: list[dict[str, Any]]
+) -> bool:
+    """Make every group up to the one holding the last `compaction` item, and the user message
+    item right after it, one pinned user view message (in place): the provider's stand-in for
+    the history before it, and the head. False when there is no such item."""
+    last = max((i for i, item in enumerate(items) if _kind(item) == COMPACTION), default=None)
+    if last is None:
+        return False
+    g = next(k for k, group in enumerate(groups) if last in group)
+    after = groups[g + 1] if g + 1 < len(groups) else ()
+    if len(after) == 1 and _kind(items[after[0]]) == "message":
+        g += items[after[0]].get("role") == "user"
+    merged = tuple(i for group in groups[: g + 1] for i in group)
+    head = {"role": "user", "content": None, "history": views[: g + 1]}
+    groups[: g + 1] = [merged]
+    views[: g + 1] = [head]
+    return True
 
 
 def _fixed(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -314,11 +335,12 @@ class ResponsesFormat:
         grouping = _Grouping(raw, [])
         grouping.walk()
         views = [_view(raw, g) for g in grouping.groups]
-        skip = _skip(body, raw)
+        stand_in = _pinned_through_compaction(raw, grouping.groups, views)
+        skip = _skip(body)
         if skip is None and grouping.orphan is not None:
             kind = _kind(raw[grouping.orphan])
             skip = f"orphan {kind} at input[{grouping.orphan}]: its call is not right before it"
-        return ResponsesConversation(views, fixed, skip, tuple(grouping.groups))
+        return ResponsesConversation(views, fixed, skip, tuple(grouping.groups), stand_in)
 
     def render(
         self,
@@ -337,7 +359,12 @@ class ResponsesFormat:
                 continue
             members = [items[i] for i in conversation.groups[source]]
             view = conversation.messages[source]
-            out.extend(members if message is view else _rewrite(members, view, message))
+            if message is view:
+                out.extend(members)
+            elif source == 0 and conversation.compacted_head:
+                out.extend(_folded(members, message))
+            else:
+                out.extend(_rewrite(members, view, message))
         return {**body, "input": out}
 
 
@@ -367,6 +394,20 @@ def _rewrite(
             item = item if after is before else _with_arguments(item, after)
         out.append(item)
     return out
+
+
+def _folded(members: list[Mapping[str, Any]], message: Mapping[str, Any]) -> list[Any]:
+    """A head ending with a `compaction` item (and maybe the user item after it) with the
+    summary folded into it: the summary's parts after that user item's own content, or as a
+    user item of its own after the compaction item."""
+    content = message.get("content")
+    added = _item_content({}, content if isinstance(content, list) else [])
+    last = members[-1]
+    if _kind(last) != "message":
+        return [*members, summary_item({"role": "user", "content": added})]
+    own = last.get("content")
+    parts = [{"type": "input_text", "text": own}] if isinstance(own, str) else list(own or [])
+    return [*members[:-1], {**last, "content": [*parts, *added]}]
 
 
 def _item_content(item: Mapping[str, Any], content: Any) -> Any:

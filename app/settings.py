@@ -59,9 +59,6 @@ class LedgerMode(StrEnum):
     OFF = "off"
 
 
-class Settings(BaseSettings):
-    """Deployment configuration (DESIGN.md §2). A bad value is a startup error, not a 500."""
-
 class ContextEditsMode(StrEnum):
     """Who applies Anthropic context editing (DESIGN.md §13): `auto` — the upstream when it is
     Anthropic's API (host api.anthropic.com), else inflight; `proxy` — always inflight;
@@ -71,6 +68,9 @@ class ContextEditsMode(StrEnum):
     PROXY = "proxy"
     UPSTREAM = "upstream"
 
+
+class Settings(BaseSettings):
+    """Deployment configuration (DESIGN.md §2). A bad value is a startup error, not a 500."""
 
     model_config = SettingsConfigDict(
         env_prefix="INFLIGHT_",
@@ -84,10 +84,10 @@ class ContextEditsMode(StrEnum):
     upstream_api_key: SecretStr | None = None
     anthropic_upstream_url: str = "https://api.anthropic.com/v1"  # `POST /v1/messages`
     anthropic_api_key: SecretStr | None = None  # replaces the client's `x-api-key` when set
+    context_edits: ContextEditsMode = ContextEditsMode.AUTO  # `context_management.edits` (§13)
     api_keys: Annotated[tuple[SecretStr, ...], NoDecode] = ()
     config_dir: Path | None = None  # unset: the packaged defaults (`packaged_config_dir`)
     strategy: str = "auto"
-    context_edits: ContextEditsMode = ContextEditsMode.AUTO  # `context_management.edits` (§13)
     threshold: float = Field(0.80, gt=0, le=1)
     target: float = Field(0.50, gt=0, le=1)
     context_limit: int | None = Field(None, gt=0)

@@ -21,6 +21,7 @@ from app.compaction.summary.background import BackgroundSummaries
 from app.compaction.summary.cache import RedisCache, SummaryCache, SummaryFlight, open_cache
 from app.compaction.summary.prompt import Completer, SummaryPrompt
 from app.compaction.summary.rolling import Summaries, SummaryJob
+from app.compaction.summary.stats import CountedCompleter, SummaryStats
 from app.dashboard.assets import DashboardAssets
 from app.errors import BadRequest, ProxyError
 from app.http.auth import KeyChecker
@@ -57,16 +58,15 @@ from app.proxy.upstream import Upstream
 from app.settings import Settings
 from app.tokens.counter import ChatTokenCounter
 from app.tokens.encodings import EncodingSet, load_encodings
-from app.tokens.shared_state import LearnedStore, SharedLearning, open_learning
 from app.usage.labels import ModelLabels, literal_names
 from app.usage.ledger import Ledger, ledger_mode
 from app.usage.metrics import Metrics
 from app.usage.recording import records_for, summary_records
 from app.usage.records import UsageQueue, UsageRecord, UsageStore
 from app.usage.stores import open_store, spill_file
-from app.usage.summary_stats import CountedCompleter, SummaryStats
 from app.windows.discovery import discover_window
 from app.windows.registry import WindowRegistry
+from app.windows.shared import LearnedStore, SharedLearning, open_learning
 from app.windows.table import ModelTable, Route
 
 logger = logging.getLogger(__name__)

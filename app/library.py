@@ -16,11 +16,12 @@ from app.compaction.formats.chat import ChatFormat
 from app.compaction.formats.messages import MessagesFormat
 from app.compaction.formats.responses import ResponsesFormat
 from app.compaction.planner import plan
-from app.compaction.policy import Budget, StrategyName, parse_strategy, resolve_pipeline
+from app.compaction.policy import Budget, resolve_pipeline
 from app.compaction.rendering import render_span
 from app.compaction.report import Preview, SummaryState, preview_report, report_headers
 from app.compaction.summary.prompt import SummaryUsage
 from app.compaction.summary.rolling import summary_budget
+from app.strategies import StrategyName, parse_strategy
 from app.tokens.counter import ChatTokenCounter, TokenCounter
 from app.tokens.encodings import load_encodings
 from app.windows.table import output_reserve

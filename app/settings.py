@@ -11,6 +11,9 @@ from urllib.parse import urlsplit, urlunsplit
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from app.errors import InvalidControl
+from app.strategies import parse_strategy
+
 
 def packaged_config_dir() -> Path:
     """The default config files shipped with the package: `app/config_defaults` in an installed
@@ -172,9 +175,6 @@ class Settings(BaseSettings):
     @field_validator("strategy")
     @classmethod
     def _check_strategy(cls, value: str) -> str:
-        from app.compaction.policy import parse_strategy
-        from app.errors import InvalidControl
-
         try:
             parse_strategy(value, "INFLIGHT_STRATEGY")
         except InvalidControl as exc:

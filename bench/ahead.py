@@ -26,13 +26,14 @@ from functools import partial
 from typing import Any
 
 from app.compaction.planner import plan
-from app.compaction.policy import Budget, StrategyName
+from app.compaction.policy import Budget
 from app.compaction.rendering import Plan
 from app.compaction.summary.ahead import next_events
 from app.compaction.summary.partial import covered
 from app.compaction.summary.rolling import summary_budget
 from app.compaction.unit_costs import MessageCounter
 from app.settings import Settings
+from app.strategies import StrategyName
 from app.tokens.counter import ChatTokenCounter
 from app.tokens.encodings import load_encodings
 from tests.support import load_traces, request_points

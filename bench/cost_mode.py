@@ -18,9 +18,10 @@ from typing import Any
 
 from app.compaction.cost_mode import CostRule, economics
 from app.compaction.engine import compact
-from app.compaction.policy import Budget, StrategyName
+from app.compaction.policy import Budget
 from app.compaction.replays import ReplayCache, Replays
 from app.pricing.table import ModelPrice, PriceTable
+from app.strategies import StrategyName
 from app.tokens.counter import ChatTokenCounter
 from app.tokens.encodings import load_encodings
 from tests.support import load_traces, request_points

@@ -32,9 +32,10 @@ import orjson
 
 from app.cli.simulate import request_points
 from app.compaction.engine import compact
-from app.compaction.policy import Budget, StrategyName
+from app.compaction.policy import Budget
 from app.compaction.replays import ReplayCache, Replays
 from app.proxy.upstream import POOL_SHARDS
+from app.strategies import StrategyName
 from app.tokens.counter import ChatTokenCounter, Counted, count_within
 from app.tokens.encodings import EncodingSet, load_encodings
 from app.tokens.heuristic import heuristic_tokens, heuristic_tokens_by_regex

@@ -26,7 +26,7 @@ import orjson
 from app.factory import create_app
 from app.settings import Settings
 from app.tokens.encodings import EncodingSet, load_encodings
-from app.tokens.shared_state import LearnedStore, MemoryLearnedStore
+from app.windows.shared import LearnedStore, MemoryLearnedStore
 from tests.redis_server import RedisServer
 from tests.support import free_port, load_traces, request_points
 

@@ -23,11 +23,12 @@ import orjson
 from app.cli.retention import Retention, retention
 from app.compaction.engine import CompactionResult, compact
 from app.compaction.planner import plan
-from app.compaction.policy import Budget, StrategyName
+from app.compaction.policy import Budget
 from app.compaction.summary.cache import MemoryCache, SummaryFlight
 from app.compaction.summary.prompt import Completer, SummaryFailed, SummaryPrompt
 from app.compaction.summary.rolling import Summaries, SummaryJob, summary_budget
 from app.compaction.summary.stand_in import without_summary
+from app.strategies import StrategyName
 from app.tokens.counter import ChatTokenCounter
 from app.tokens.encodings import load_encodings
 from tests.support import load_traces

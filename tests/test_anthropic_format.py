@@ -17,8 +17,9 @@ from app.compaction.engine import SUMMARY_PREFIX, CompactionResult, compact
 from app.compaction.formats.messages import MessagesFormat
 from app.compaction.formats.messages_rules import problems
 from app.compaction.formats.messages_view import MessagesConversation, build_view
-from app.compaction.policy import Budget, StrategyName
+from app.compaction.policy import Budget
 from app.errors import BadRequest
+from app.strategies import StrategyName
 from tests.anthropic_conversations import anthropic_bodies, blocks, from_chat
 from tests.conversations import simple_count
 from tests.fake_anthropic_upstream import all_blocks, rule_violations

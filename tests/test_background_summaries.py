@@ -531,7 +531,7 @@ async def test_without_its_summary_the_output_keeps_the_invariants(
     is pending: the summarising cut with nothing, or the note, in the summary's place."""
     table = ModelTable.load(CONFIG / "models.toml")
     made = summaries()
-    background = BackgroundSummaries(made, idle=lambda _: False, idle_wait=0.0)
+    background = BackgroundSummaries(made, idle=lambda _: False, idle_wait=3600.0)
     service = CompactionService(
         make_settings(tmp_path),
         ChatTokenCounter(ENCODINGS, table),

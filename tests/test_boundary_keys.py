@@ -14,9 +14,10 @@ from hypothesis import strategies as st
 
 import app.compaction.summary.rolling as rolling
 from app.compaction.planner import plan
-from app.compaction.policy import Budget, StrategyName
+from app.compaction.policy import Budget
 from app.compaction.summary.prompt import SummaryPrompt
 from app.compaction.summary.rolling import KeyChains, boundary_keys
+from app.strategies import StrategyName
 from tests.conversations import agent_session, conversations, simple_count
 
 PROMPT = SummaryPrompt("{transcript}{previous_summary}", "v1")

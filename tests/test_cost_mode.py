@@ -13,10 +13,11 @@ from hypothesis import strategies as st
 from app.compaction.cost_mode import CostRule, economics
 from app.compaction.engine import CompactionResult, compact
 from app.compaction.planner import plan
-from app.compaction.policy import Budget, StrategyName, parse_controls
+from app.compaction.policy import Budget, parse_controls
 from app.compaction.replays import ReplayCache, Replays
 from app.compaction.report import preview_report
 from app.compaction.service import CompactionService
+from app.strategies import StrategyName
 from app.tokens.counter import ChatTokenCounter
 from app.tokens.encodings import load_encodings
 from app.windows.registry import WindowRegistry

@@ -15,8 +15,9 @@ from app.compaction.engine import CompactionResult, compact
 from app.compaction.formats import Conversation
 from app.compaction.formats.messages import MessagesFormat
 from app.compaction.formats.responses import ResponsesFormat
-from app.compaction.policy import Budget, StrategyName
+from app.compaction.policy import Budget
 from app.compaction.refs import ref_for
+from app.strategies import StrategyName
 from tests.conversations import conversations, simple_count
 from tests.responses_items import item_lists
 

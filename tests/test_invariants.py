@@ -19,7 +19,7 @@ from app.compaction.engine import (
     summary_message,
 )
 from app.compaction.planner import plan
-from app.compaction.policy import Budget, StrategyName
+from app.compaction.policy import Budget
 from app.compaction.refs import REF_SUFFIX_RE
 from app.compaction.rendering import Plan, kept_units, render, render_span
 from app.compaction.restorable import restorable, span_ref
@@ -32,6 +32,7 @@ from app.compaction.units import (
     is_strict_alternation,
     pinned_head,
 )
+from app.strategies import StrategyName
 from tests.conversations import (
     common_prefix,
     conversations,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import json
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +70,8 @@ def test_count_tokens_is_what_the_proxy_counts() -> None:
     body = {"model": "gpt-4o", "messages": messages}
     assert inflight.count_tokens(body, model="gpt-4o") == counted
     report = ENGINE.compact(messages, model="gpt-4o", context_limit=10**6)
-    assert report.tokens_before == counted and report.applied == ()
+    assert report.tokens_before == counted
+    assert report.applied == ()
     with_tools = {**body, "tools": [{"type": "function", "function": {"name": "bash"}}]}
     assert inflight.count_tokens(with_tools, model="gpt-4o") > counted
 
@@ -77,7 +79,8 @@ def test_count_tokens_is_what_the_proxy_counts() -> None:
 def test_compact_a_chat_history_keeps_pairs_and_reports_like_the_proxy() -> None:
     messages = agent_session()
     done = inflight.compact(messages, model="gpt-4o", context_limit=3000)
-    assert done.changed and done.tokens_after < done.tokens_before <= 10**6
+    assert done.changed
+    assert done.tokens_after < done.tokens_before <= 10**6
     assert check_pair_safety(done.messages) == []
     assert done.messages[:2] == messages[:2]  # the pinned head
     assert done.messages[-1] == messages[-1]
@@ -110,8 +113,10 @@ def test_a_summarize_callable_stands_for_the_cut_sync_and_async() -> None:
         return f"Summary of {len(span)} messages: slugify fixed in textkit/slug.py."
 
     done = inflight.compact(messages, model="gpt-4o", context_limit=3000, summarize=summarize)
-    assert "summarize" in done.applied and seen
-    assert done.summary is not None and done.summary in json.dumps(done.messages)
+    assert "summarize" in done.applied
+    assert seen
+    assert done.summary is not None
+    assert done.summary in json.dumps(done.messages)
     assert done.headers["X-Compaction-Summary"] == "ready"
     assert check_pair_safety(done.messages) == []
 
@@ -128,9 +133,11 @@ def test_a_summarize_callable_stands_for_the_cut_sync_and_async() -> None:
     assert anyio.run(main).messages == done.messages  # the same plan, the same summary
     # without a summariser (or with one that gives nothing) `auto` trims
     trimmed = inflight.compact(messages, model="gpt-4o", context_limit=3000)
-    assert "trim" in trimmed.applied and trimmed.summary is None
+    assert "trim" in trimmed.applied
+    assert trimmed.summary is None
     failed = inflight.compact(messages, model="gpt-4o", context_limit=3000, summarize=lambda s: " ")
-    assert failed.summary is None and failed.headers["X-Compaction-Summary"] == "failed"
+    assert failed.summary is None
+    assert failed.headers["X-Compaction-Summary"] == "failed"
     assert failed.messages == trimmed.messages
 
 
@@ -144,7 +151,8 @@ def test_chat_invariants_through_the_public_api(messages: list[dict[str, Any]]) 
     if follows_strict_rule(messages):
         assert follows_strict_rule(out)
     again = ENGINE.compact(out, model="gpt-4o", context_limit=1500, strategy="auto")
-    assert again.applied == () and again.messages == out
+    assert again.applied == ()
+    assert again.messages == out
 
 
 @PROPERTY
@@ -165,7 +173,7 @@ def test_anthropic_invariants_through_the_public_api(body: dict[str, Any]) -> No
     if done.applied:  # a user turn first, turns alternating (system messages take none)
         roles = [m["role"] for m in done.body["messages"] if m["role"] != "system"]
         assert roles[0] == "user"
-        assert all(a != b for a, b in zip(roles, roles[1:], strict=False))
+        assert all(a != b for a, b in pairwise(roles))
     again = ENGINE.compact(done.body, model="claude-sonnet-4-5", context_limit=2500, api="anthropic")
     assert again.applied == ()
 
@@ -200,5 +208,6 @@ def test_responses_request_points_compact_as_bodies() -> None:
     ]
     assert item_points(items)
     done = inflight.compact(items, model="gpt-4.1", context_limit=3000, api="responses")
-    assert done.changed and done.body["input"] == done.messages
+    assert done.changed
+    assert done.body["input"] == done.messages
     assert pair_problems(done.messages) == []

@@ -178,7 +178,9 @@ def service(tmp_path: Path, made: Summaries, **overrides: Any) -> CompactionServ
         WindowRegistry(table, None),
         made,
         lambda model, headers, api: never,
-        background=BackgroundSummaries(made, idle=lambda _: False, idle_wait=0.0),
+        # an upstream never idle and a wait longer than any test: background summaries wait,
+        # never run (`never` would fail them)
+        background=BackgroundSummaries(made, idle=lambda _: False, idle_wait=3600.0),
     )
 
 

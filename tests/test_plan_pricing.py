@@ -11,8 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.compaction import planner, replay_state
-from app.compaction.policy import Budget, StrategyName
+from app.compaction.policy import Budget
 from app.compaction.rendering import Plan
+from app.strategies import StrategyName
 from tests.conversations import conversations, simple_count
 
 PIPELINES: list[tuple[StrategyName, ...]] = [

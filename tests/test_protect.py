@@ -12,10 +12,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.compaction.engine import compact
-from app.compaction.policy import Budget, StrategyName
+from app.compaction.policy import Budget
 from app.compaction.prune import tool_names
 from app.compaction.units import check_pair_safety, group_units
 from app.factory import create_app
+from app.strategies import StrategyName
 from tests.conftest import make_settings
 from tests.conversations import conversations, simple_count
 from tests.fake_upstream import FakeUpstream

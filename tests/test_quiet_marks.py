@@ -14,10 +14,11 @@ import pytest
 
 import app.compaction.quiet as quiet
 from app.compaction.planner import plan
-from app.compaction.policy import Budget, StrategyName
+from app.compaction.policy import Budget
 from app.compaction.quiet import Quiet
 from app.compaction.replay_state import Replay
 from app.compaction.replays import ReplayCache, Replays
+from app.strategies import StrategyName
 from tests.conversations import agent_session, simple_count
 
 PIPELINES: list[tuple[StrategyName, ...]] = [

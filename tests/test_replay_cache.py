@@ -16,12 +16,13 @@ from hypothesis import strategies as st
 
 import app.compaction.quiet as quiet
 from app.compaction.planner import plan
-from app.compaction.policy import Budget, StrategyName
+from app.compaction.policy import Budget
 from app.compaction.rendering import render
 from app.compaction.replays import ReplayCache, Replays
 from app.compaction.summary.ahead import next_event
 from app.compaction.summary.rolling import summary_budget
 from app.compaction.units import UnitRoles
+from app.strategies import StrategyName
 from app.tokens.counter import ChatTokenCounter, Counted, count_within
 from app.tokens.encodings import load_encodings
 from tests.conversations import agent_session, conversations, simple_count

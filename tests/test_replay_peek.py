@@ -11,10 +11,11 @@ from typing import Any
 import pytest
 
 from app.compaction.planner import plan
-from app.compaction.policy import Budget, StrategyName
+from app.compaction.policy import Budget
 from app.compaction.replays import ReplayCache, Replays
 from app.compaction.summary.ahead import next_event
 from app.compaction.summary.rolling import summary_budget
+from app.strategies import StrategyName
 from tests.conversations import agent_session, simple_count
 
 

@@ -12,7 +12,7 @@ import anyio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.tokens.shared_state import MemoryLearnedStore
+from app.windows.shared import MemoryLearnedStore
 from bench.replicas import BillingUpstream, replay
 from tests.support import load_traces
 

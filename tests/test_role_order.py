@@ -14,10 +14,11 @@ from hypothesis import strategies as st
 
 from app.compaction.engine import SUMMARY_PREFIX, CompactionResult, compact
 from app.compaction.planner import plan
-from app.compaction.policy import Budget, StrategyName
+from app.compaction.policy import Budget
 from app.compaction.rendering import render_span
 from app.compaction.unit_costs import MessageCounter
 from app.compaction.units import is_strict_alternation
+from app.strategies import StrategyName
 from app.tokens.counter import ChatTokenCounter
 from app.tokens.encodings import load_encodings
 from app.windows.table import output_reserve

@@ -15,12 +15,13 @@ import anyio
 import pytest
 
 from app.compaction.planner import plan
-from app.compaction.policy import Budget, StrategyName
+from app.compaction.policy import Budget
 from app.compaction.rendering import Plan
 from app.compaction.summary.ahead import next_event, next_events
 from app.compaction.summary.background import IDLE_POLL, IDLE_SETTLE, BackgroundSummaries
 from app.compaction.summary.rolling import summary_budget
 from app.compaction.unit_costs import MessageCounter
+from app.strategies import StrategyName
 from app.tokens.counter import ChatTokenCounter
 from app.tokens.encodings import load_encodings
 from tests.fake_upstream import FakeUpstream

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import httpx
 import orjson
 import pytest
@@ -244,7 +245,8 @@ async def test_slots_are_configured_or_read_from_llama_cpp_props() -> None:
     assert await UpstreamSlots(Fetcher({"total_slots": 1})).gated("http://h:8080/v1")
     assert asked == ["http://h:8080/props"]
     one = UpstreamSlots(Fetcher({"total_slots": 1}))
-    assert await one.gated("http://h:8080/v1") and await one.gated("http://h:8080/v1/")
+    assert await one.gated("http://h:8080/v1")
+    assert await one.gated("http://h:8080/v1/")
     assert len(asked) == 2  # remembered per server
     assert not await UpstreamSlots(Fetcher({"total_slots": 4})).gated("http://h/v1")
     assert not await UpstreamSlots(Fetcher(None)).gated("http://api.openai.com/v1")  # hosted
@@ -364,7 +366,8 @@ async def test_a_responses_request_s_summary_is_asked_on_responses_in_the_reason
     assert summaries, strict.calls
     assert all(api == "responses" for api, _ in strict.calls)  # never chat for this model
     first = summaries[0]
-    assert "temperature" not in first and first["store"] is False
+    assert "temperature" not in first
+    assert first["store"] is False
     assert first["max_output_tokens"] > 0
     forwarded = orjson.dumps(strict.calls[-1][1]["input"]).decode()
     assert [f for f in facts if f not in forwarded] == []
@@ -445,7 +448,8 @@ async def test_a_shape_the_upstream_rejects_is_logged_once_and_not_sent_again(
     assert len(rejected) == 1  # one refusal, never the same shape again
     assert all("max_completion_tokens" in b for b in summary_calls if "temperature" not in b)
     warnings = [r for r in caplog.records if "rejected" in r.getMessage()]
-    assert len(warnings) == 1 and "temperature" in warnings[0].getMessage()
+    assert len(warnings) == 1
+    assert "temperature" in warnings[0].getMessage()
     stats = (await client.get("/stats")).json()["summaries"]
     assert stats["failures"].get("rejected_shape") == 1
     forwarded = orjson.dumps(strict.calls[-1][1]["messages"]).decode()
@@ -471,7 +475,7 @@ async def test_summary_slots_go_to_the_oldest_wait_first_and_survive_cancellatio
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(hold)
-        await anyio.sleep(0)
+        await anyio.lowlevel.checkpoint()
         tg.start_soon(take, "late", 30.0)
         tg.start_soon(take, "early", 10.0)
         cancelled = anyio.CancelScope()

@@ -12,9 +12,14 @@ import orjson
 import pytest
 
 from app.compaction.summary.prompt import SummaryFailed
+from app.compaction.summary.stats import (
+    CountedCompleter,
+    SummaryStats,
+    count_fallback,
+    summary_outcome,
+)
 from app.errors import UpstreamTimeout, UpstreamUnavailable
 from app.factory import create_app
-from app.usage.summary_stats import CountedCompleter, SummaryStats, count_fallback, summary_outcome
 from tests.conftest import make_settings
 from tests.fake_upstream import FakeUpstream
 

@@ -13,11 +13,12 @@ from hypothesis import strategies as st
 
 from app.compaction.engine import compact
 from app.compaction.planner import plan
-from app.compaction.policy import Budget, StrategyName
+from app.compaction.policy import Budget
 from app.compaction.refs import ref_suffix
 from app.compaction.truncate import MARKER, cap_chars, cut_text, kept_length, truncate_unit
 from app.compaction.unit_costs import UnitCosts
 from app.compaction.units import HEAD_ROLES, UnitRoles, check_pair_safety, is_strict_alternation
+from app.strategies import StrategyName
 from app.tokens.counter import ChatTokenCounter
 from app.tokens.encodings import load_encodings
 from tests.conversations import conversations, simple_count, strict_floor

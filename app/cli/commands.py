@@ -177,8 +177,8 @@ def _count(args: argparse.Namespace) -> int:
 
 def _simulate(args: argparse.Namespace) -> int:
     from app.cli.simulate import load_messages, plot, simulate
-    from app.compaction.policy import parse_strategy
     from app.errors import InvalidControl
+    from app.strategies import parse_strategy
     from app.windows.registry import WindowRegistry
     from app.windows.table import ModelTable
 

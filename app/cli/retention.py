@@ -16,8 +16,9 @@ import anyio
 from app.cli.simulate import request_points
 from app.compaction.engine import CompactionResult, compact
 from app.compaction.facts import fate, identifier_set, message_text, whole_positions
-from app.compaction.policy import Budget, StrategyName
+from app.compaction.policy import Budget
 from app.compaction.refs import REF_SUFFIX_RE
+from app.strategies import StrategyName
 from app.tokens.counter import TokenCounter
 from app.windows.table import output_reserve
 

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from app.compaction.engine import compact
-from app.compaction.policy import Budget, StrategyName, resolve_pipeline
+from app.compaction.policy import Budget, resolve_pipeline
+from app.strategies import StrategyName
 from app.tokens.counter import TokenCounter
 from app.windows.table import output_reserve
 

@@ -15,11 +15,11 @@ import orjson
 from app.compaction.cuts import Cut, cuts_of
 from app.compaction.formats import ApiName, Conversation, WireFormat
 from app.compaction.offload import offload
-from app.compaction.policy import StrategyName
 from app.compaction.report import Preview, report_headers
 from app.compaction.summary.prompt import SummaryUsage
 from app.errors import ContextLengthExceeded
 from app.settings import OnOverflow
+from app.strategies import StrategyName
 from app.tokens.counter import TokenCounter
 from app.windows.overflow import OverflowInfo
 
@@ -52,7 +52,7 @@ class Compacted:
     budget: int = 0  # the window less the output reserve (what restored texts may fill)
     # what starts once the answer is on its way (not after an error): summaries ahead
     after_answer: tuple[Callable[[], object], ...] = ()
-    client: str = ""  # who sent it (`app.http.auth.client_identity`): whose window it taught
+    client: str = ""  # who sent it (`app.credentials.client_identity`): whose window it taught
     economics: Mapping[str, object] | None = None  # the cut's costs and savings (§16)
 
 

@@ -13,7 +13,7 @@ from app.compaction.engine import CompactionResult, compact, marker_tokens
 from app.compaction.formats import Conversation, WireFormat
 from app.compaction.pins import Pin, pin_tokens
 from app.compaction.planner import plan
-from app.compaction.policy import Budget, StrategyName
+from app.compaction.policy import Budget
 from app.compaction.rendering import Plan
 from app.compaction.replays import Replays
 from app.compaction.summary.prompt import SummaryUsage
@@ -21,6 +21,7 @@ from app.compaction.summary.request import Asked, StandIn
 from app.compaction.summary.rolling import summary_budget
 from app.compaction.unit_costs import MessageCounter
 from app.errors import ProxyError
+from app.strategies import StrategyName
 from app.tokens.counter import Counted, TokenCounter, count_within, counts_within
 
 logger = logging.getLogger(__name__)

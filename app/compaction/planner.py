@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from app.compaction.middle_out import MiddleOut
-from app.compaction.policy import Budget, StrategyName
+from app.compaction.policy import Budget
 from app.compaction.quiet import Quiet, quiet_plan, still_quiet
 from app.compaction.rendering import Plan
 from app.compaction.replay_state import Replay
@@ -39,6 +39,7 @@ from app.compaction.sums import RunningSums
 from app.compaction.truncate import cap_chars
 from app.compaction.unit_costs import MessageCounter, UnitCosts
 from app.compaction.units import UnitRoles
+from app.strategies import StrategyName
 
 
 def _quiet(shape: UnitRoles, costs: UnitCosts, head_cost: int, trigger: int) -> Plan | None:

@@ -7,13 +7,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from app.compaction.middle_out import MiddleOut
-from app.compaction.policy import Budget, StrategyName
+from app.compaction.policy import Budget
 from app.compaction.prune import MIN_SAVING_SHARE, PROTECT_SHARE
 from app.compaction.rendering import Plan, SummaryRole
 from app.compaction.sums import RunningSums
 from app.compaction.trim import advance_cut
 from app.compaction.unit_costs import TOOL_KINDS, UnitCosts, truncation_level
 from app.compaction.units import UnitRoles
+from app.strategies import StrategyName
 
 
 @dataclass(slots=True)

@@ -13,7 +13,7 @@ from app.compaction.facts import fate, identifier_set, message_text, whole_posit
 from app.compaction.formats import Conversation
 from app.compaction.refs import REF_SUFFIX_RE
 from app.compaction.summary.prompt import SummaryUsage
-from app.usage.summary_stats import summary_outcome
+from app.compaction.summary.stats import summary_outcome
 
 # What stood for a compaction event's cut span (DESIGN.md §12): `ready` — made for this request,
 # which waited for it; `cached` — made before; `pending` — being made in the background, the

@@ -23,14 +23,7 @@ from app.compaction.formats import WireFormat
 from app.compaction.formats.chat import ChatFormat
 from app.compaction.job import Job, Outcome, Planning, view_of
 from app.compaction.offload import as_received, is_heavy, offload, run_off
-from app.compaction.policy import (
-    Budget,
-    Controls,
-    StrategyName,
-    parse_controls,
-    parse_strategy,
-    resolve_pipeline,
-)
+from app.compaction.policy import Budget, Controls, parse_controls, resolve_pipeline
 from app.compaction.quiet_path import planned_later, quiet_outcome
 from app.compaction.rendering import Plan
 from app.compaction.replays import ReplayCache, Replays
@@ -43,11 +36,12 @@ from app.compaction.summary.request import (
 )
 from app.compaction.summary.rolling import Summaries, summary_budget
 from app.compaction.summary.stand_in import without_summary
+from app.credentials import client_identity
 from app.errors import BadRequest
-from app.http.auth import client_identity
 from app.jsontext import HistoryTexts
 from app.pricing.table import PriceTable
 from app.settings import LedgerMode, Settings
+from app.strategies import StrategyName, parse_strategy
 from app.tokens.counter import TokenCounter
 from app.windows.overflow import OverflowInfo, parse_overflow
 from app.windows.registry import WindowRegistry

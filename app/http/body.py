@@ -12,8 +12,8 @@ import anyio
 import orjson
 from starlette.requests import ClientDisconnect, Request
 
+from app.credentials import CREDENTIAL_HEADERS
 from app.errors import BadRequest, InvalidJSON, PayloadTooLarge, ProxyError
-from app.http.auth import CREDENTIAL_HEADERS
 from app.http.reuse import Reused
 
 logger = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ async def limited_stream(request: Request, limit: int) -> AsyncIterator[bytes]:
 def body_owner(request: Request) -> bytes:
     """Whose body `request` carries, for what is remembered to parse the next one
     (app/http/reuse.py): a full-length hash of its route and every credential header it sent
-    (`app.http.auth.CREDENTIAL_HEADERS`: Authorization of any scheme, x-api-key, api-key; each
+    (`app.credentials.CREDENTIAL_HEADERS`: Authorization of any scheme, x-api-key, api-key; each
     with its value, in order), whether or not the proxy checks keys. Not `client_identity`:
     that is a short id for records. Requests without any credential share one per route."""
     digest = hashlib.blake2b(request.scope["path"].encode(), digest_size=32)

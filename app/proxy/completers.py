@@ -12,12 +12,12 @@ from typing import Any, Literal
 import anyio
 import orjson
 
+from app.compaction.summary.stats import SummaryStats
 from app.errors import UpstreamTimeout, UpstreamUnavailable
 from app.lru import BoundedLRU
 from app.proxy.headers import filter_request_headers
 from app.proxy.sse_tap import Usage
 from app.proxy.upstream import Upstream, read_all
-from app.usage.summary_stats import SummaryStats
 from app.windows.table import Route
 
 logger = logging.getLogger(__name__)

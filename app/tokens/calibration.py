@@ -396,7 +396,7 @@ def consensus(fits: Iterable[ClientFit], now: float, reach: Vector = CLIENT_REAC
 @dataclass(frozen=True, slots=True)
 class Observed:
     """One observation as the calibration took it: everything `Calibration.apply` needs to
-    take it again, the same way, on another replica (app/tokens/shared_state.py)."""
+    take it again, the same way, on another replica (app/windows/shared.py)."""
 
     model: str
     obs: Observation

@@ -230,7 +230,7 @@ class ChatTokenCounter(RawCounter):
 
     @property
     def calibrated(self) -> Calibration:
-        """The calibration itself (replicas share its state: app/tokens/shared_state.py)."""
+        """The calibration itself (replicas share its state: app/windows/shared.py)."""
         return self._calibration
 
     def calibration_factors(self) -> dict[str, float]:

@@ -94,7 +94,7 @@ class WindowRegistry:
     a server that says nothing is not asked on every request); concurrent callers share the one
     in-flight discovery. Both maps are bounded: model names come from clients. `journal`,
     when set, is told every window learned, and `refresh` runs before a window is resolved
-    (replicas share what they learned: app/tokens/shared_state.py).
+    (replicas share what they learned: app/windows/shared.py).
     """
 
     def __init__(
@@ -213,7 +213,7 @@ class WindowRegistry:
     ) -> Window:
         """The window from what is known without asking the upstream (all the CLI has).
         `betas`: the request's `anthropic-beta` flags (a table entry may unlock more with one);
-        `client`: who asks (`app.http.auth.client_identity`; its own silent cuts apply)."""
+        `client`: who asks (`app.credentials.client_identity`; its own silent cuts apply)."""
         entry = self._table.lookup(model)
         key = (base_url, model)
         found = (self._learned.get(key), self._silent_window(key, client))

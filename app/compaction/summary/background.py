@@ -24,7 +24,7 @@ from typing import Any
 from app.compaction.summary.cache import SummaryBusy
 from app.compaction.summary.prompt import SummaryFailed, SummaryUsage
 from app.compaction.summary.rolling import Summaries, SummaryJob
-from app.usage.summary_stats import CountedCompleter, SummaryStats
+from app.compaction.summary.stats import CountedCompleter, SummaryStats
 
 logger = logging.getLogger(__name__)
 

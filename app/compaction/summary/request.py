@@ -25,12 +25,12 @@ from app.compaction.summary.background import BackgroundSummaries
 from app.compaction.summary.partial import OWN, Chosen, covered
 from app.compaction.summary.prompt import Completer, SummaryFailed
 from app.compaction.summary.rolling import Summaries, SummaryJob, boundary_keys
+from app.compaction.summary.stats import count_fallback
 from app.compaction.unit_costs import MessageCounter
 from app.compaction.units import head_end
 from app.lru import BoundedLRU
 from app.settings import Settings
 from app.tokens.counter import TokenCounter
-from app.usage.summary_stats import count_fallback
 from app.windows.registry import WindowRegistry
 
 # (summary model, the client's headers, the client's API) -> where summaries are asked

@@ -15,8 +15,9 @@ from dataclasses import replace
 from typing import Any
 
 from app.compaction.engine import OMITTED_NOTE, CompactionResult
-from app.compaction.policy import Budget, StrategyName
+from app.compaction.policy import Budget
 from app.compaction.unit_costs import MessageCounter
+from app.strategies import StrategyName
 
 OMITTED = OMITTED_NOTE
 

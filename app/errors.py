@@ -9,7 +9,8 @@ ProxyError
  ├── NotFound (404, not_found: e.g. a ledger id that is not the caller's)
  ├── PayloadTooLarge (413)
  ├── UpstreamUnavailable (502: refused, reset, broken body)
- └── UpstreamTimeout (504)
+ ├── UpstreamTimeout (504)
+ └── StoreUnavailable (503, store_unavailable: the usage store is down; writes are spilled)
 
 Errors that the upstream itself returns are not ProxyErrors: they are relayed verbatim.
 """
@@ -94,3 +95,13 @@ class UpstreamTimeout(ProxyError):
     status_code = 504
     error_type = "upstream_error"
     code = "upstream_timeout"
+
+
+class StoreUnavailable(ProxyError):
+    """The usage store cannot be reached right now (a database restarting, a locked or full
+    disk): `/stats` and the ledger answer 503 until it is back; writes are retried and spilled
+    by the queue."""
+
+    status_code = 503
+    error_type = "server_error"
+    code = "store_unavailable"

@@ -51,6 +51,7 @@ from app.proxy.completers import (
 )
 from app.proxy.messages import MESSAGES_API
 from app.proxy.passthrough import PassthroughService
+from app.proxy.recording import records_for, summary_records
 from app.proxy.responses import RESPONSES_API
 from app.proxy.service import ApiService
 from app.proxy.slots import UpstreamSlots
@@ -61,7 +62,6 @@ from app.tokens.encodings import EncodingSet, load_encodings
 from app.usage.labels import ModelLabels, literal_names
 from app.usage.ledger import Ledger, ledger_mode
 from app.usage.metrics import Metrics
-from app.usage.recording import records_for, summary_records
 from app.usage.records import UsageQueue, UsageRecord, UsageStore
 from app.usage.stores import open_store, spill_file
 from app.windows.discovery import discover_window
@@ -113,9 +113,10 @@ def _compaction(
     counter: ChatTokenCounter,
     summary_stats: SummaryStats,
     submit: Callable[[UsageRecord], None],
+    prices: PriceTable,
 ) -> tuple[CompactionService, SummaryCache, BackgroundSummaries]:
-    """The compaction service, the summary cache and the background summaries (both closed at
-    shutdown)."""
+    """The compaction service (cost mode weighing `prices`), the summary cache and the
+    background summaries (both closed at shutdown)."""
     prompt = SummaryPrompt.load(settings.config_file("summary_prompt.md"))
     cache = open_cache(settings.cache_url)
     # A background summary may take several calls: the lock outlives them.
@@ -152,8 +153,20 @@ def _compaction(
     compactor = CompactionService(
         settings, counter, windows, summaries, completer_for, keeps,
         background=background, summary_upstream=summary_upstream,
+        cache_rates=cache_rates(prices),
     )  # fmt: skip
     return compactor, cache, background
+
+
+def cache_rates(prices: PriceTable) -> Callable[[str], tuple[float, float] | None]:
+    """A model's dollars per prompt token re-read from and re-written to the cache, for cost
+    mode (the engine weighs numbers; it never reads the price table)."""
+
+    def rates(model: str) -> tuple[float, float] | None:
+        price = prices.lookup(model)
+        return None if price is None else (price.cache_read_rate, price.cache_write_rate)
+
+    return rates
 
 
 def _background(
@@ -288,8 +301,9 @@ def create_app(
 
     submit, on_done = _recording(counter, meter, metrics, queue, learning)
     compactor, cache, background = _compaction(
-        settings, upstream, windows, counter, summary_stats, lambda r: submit(meter.priced(r, None))
-    )
+        settings, upstream, windows, counter, summary_stats,
+        lambda r: submit(meter.priced(r, None)), prices,
+    )  # fmt: skip
     cuts = Ledger(
         ledger_mode(settings.ledger, settings.database_url), settings.ledger_ttl, queue, store
     )

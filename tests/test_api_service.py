@@ -14,9 +14,9 @@ from starlette.responses import Response
 
 from app.errors import ProxyError
 from app.factory import create_app
-from app.http.body import parse_chat_body
 from app.http.state import AppState, api_client
 from app.proxy.api import Api
+from app.proxy.body import parse_chat_body
 from app.proxy.chat import CHAT_API
 from app.proxy.service import ApiService
 from tests.conftest import make_settings

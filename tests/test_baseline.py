@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from app.pricing.cost import Billed, baseline_billed
 from app.pricing.meter import CostMeter
 from app.pricing.table import BaselineRules, PriceTable
+from app.proxy.recording import one_round
 from app.proxy.sse_tap import Usage
-from app.usage.recording import one_round
 from app.usage.records import UsageRecord
 
 CONFIG = Path(__file__).resolve().parents[1] / "config"

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.errors import BadRequest
-from app.http.body import MAX_JSON_DEPTH, deeper_than, parse_chat_body
+from app.proxy.body import MAX_JSON_DEPTH, deeper_than, parse_chat_body
 
 
 def reference_depth(value: Any) -> int:

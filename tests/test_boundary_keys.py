@@ -1,7 +1,7 @@
 """Boundary keys resumed from a conversation's last request (issue 16): the keys of a span are
 a hash of everything in it, so a long conversation hashed them all again on every request; the
 keys of the last request are now resumed where its messages are the very objects a reused
-parse hands on (app/http/reuse.py). They are always the keys hashed from scratch: for growing
+parse hands on (app/proxy/reuse.py). They are always the keys hashed from scratch: for growing
 conversations, retries, edits (new objects), and other conversations."""
 
 from __future__ import annotations

@@ -17,6 +17,8 @@ from app.compaction.policy import Budget, parse_controls
 from app.compaction.replays import ReplayCache, Replays
 from app.compaction.report import preview_report
 from app.compaction.service import CompactionService
+from app.factory import cache_rates
+from app.pricing.table import PriceTable
 from app.strategies import StrategyName
 from app.tokens.counter import ChatTokenCounter
 from app.tokens.encodings import load_encodings
@@ -234,7 +236,10 @@ def cost_service(tmp_path: Path, **overrides: Any) -> CompactionService:
     table = ModelTable.load(CONFIG / "models.toml")
     counter = ChatTokenCounter(load_encodings(), table)
     settings = make_settings(tmp_path, cost_min_prompt=2000, **overrides)
-    return CompactionService(settings, counter, WindowRegistry(table, None))
+    prices = PriceTable.load(CONFIG / "prices.toml")
+    return CompactionService(
+        settings, counter, WindowRegistry(table, None), cache_rates=cache_rates(prices)
+    )
 
 
 def long_session() -> list[dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""A conversation's next request parsed from its last one (app/http/reuse.py, issue 16): every
+"""A conversation's next request parsed from its last one (app/proxy/reuse.py, issue 16): every
 body is exactly what a full parse gives — for growing conversations, retries, edits, other
 conversations sharing the first bytes, bodies that are not orjson's text, and broken rests —
 and only the bytes the request adds are parsed."""
@@ -13,10 +13,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import app.http.reuse as reuse
+import app.proxy.reuse as reuse
 from app.errors import BadRequest
-from app.http.body import check_chat_rest, parse_chat_body
-from app.http.reuse import ParsedBodies
+from app.proxy.body import check_chat_rest, parse_chat_body
+from app.proxy.reuse import ParsedBodies
 from tests.conversations import agent_session, conversations
 
 pytestmark = pytest.mark.filterwarnings(

@@ -1,4 +1,4 @@
-"""A reused parse (app/http/reuse.py) against `orjson.loads`, differentially: on any bytes sent
+"""A reused parse (app/proxy/reuse.py) against `orjson.loads`, differentially: on any bytes sent
 after any earlier bodies, the body is the same value, keys in the same order, or both refuse
 it. Bodies come from hypothesis and from the shipped transcripts, mutated where a reuse could
 go wrong: duplicate keys at every level, trailing commas, cut-off bodies, reordered keys,
@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from starlette.requests import Request
 
-from app.http.body import body_owner
-from app.http.reuse import ParsedBodies
+from app.proxy.body import body_owner
+from app.proxy.reuse import ParsedBodies
 from tests.support import load_traces
 
 pytestmark = pytest.mark.filterwarnings(

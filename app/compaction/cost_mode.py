@@ -5,6 +5,7 @@ the price of buying. Pure: prices come in as plain numbers, the replay brings th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -17,6 +18,9 @@ PER_MILLION = 1e-6
 
 Unit = Literal["usd", "s"]
 
+
+# model -> its dollars per prompt token read from and written to the prompt cache (None: unpriced)
+CacheRates = Callable[[str], "tuple[float, float] | None"]
 
 @dataclass(frozen=True, slots=True)
 class CostRule:

@@ -17,7 +17,7 @@ from functools import partial
 from typing import Any
 
 from app.compaction.compacted import Compacted, compacted_of, ledgered, overflow_bound
-from app.compaction.cost_mode import CostRule, Economics, economics
+from app.compaction.cost_mode import CacheRates, CostRule, Economics, economics
 from app.compaction.engine import compact
 from app.compaction.formats import WireFormat
 from app.compaction.formats.chat import ChatFormat
@@ -39,7 +39,6 @@ from app.compaction.summary.stand_in import without_summary
 from app.credentials import client_identity
 from app.errors import BadRequest
 from app.jsontext import HistoryTexts
-from app.pricing.table import PriceTable
 from app.settings import LedgerMode, Settings
 from app.strategies import StrategyName, parse_strategy
 from app.tokens.counter import TokenCounter
@@ -68,15 +67,15 @@ class CompactionService:
         *,
         background: BackgroundSummaries | None = None,
         summary_upstream: UpstreamOf | None = None,
-        prices: PriceTable | None = None,
+        cache_rates: CacheRates | None = None,
     ) -> None:
         """`background` makes summaries off the request path (without it, every request waits
         for its summary, as in wait mode); `summary_upstream` names the
         upstream a summary of (model, API) goes to, whose idleness a background one waits
-        for (default: the request's); `prices`: what cost mode weighs (default: the
-        deployment's `prices.toml`)."""
+        for (default: the request's); `cache_rates`: what cost mode weighs, a model's dollars per
+        prompt token re-read from and re-written to the cache (default: none known)."""
         self._settings = settings
-        self._prices = prices or PriceTable.load(settings.config_file("prices.toml"))
+        self._cache_rates = cache_rates
         self._counter = counter
         self._windows = windows
         self._summarizing = (
@@ -303,9 +302,9 @@ class CompactionService:
         """What a prompt token of `model` costs to re-read and to re-write: its prices, else
         (a local model) prefill time at `INFLIGHT_PREFILL_RATE`; None when neither is known."""
         floor = self._settings.cost_min_prompt
-        price = self._prices.lookup(model)
-        if price is not None:
-            return CostRule.priced(price.cache_read_rate, price.cache_write_rate, floor)
+        rates = self._cache_rates(model) if self._cache_rates is not None else None
+        if rates is not None:
+            return CostRule.priced(*rates, floor)
         rate = self._settings.prefill_rate
         return CostRule.prefill(rate, floor) if rate is not None else None
 

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import orjson
 
 from app.errors import ProxyError
-from app.http.reuse import Reused
 from app.proxy.restore import Dialect
+from app.proxy.reuse import Reused
 from app.proxy.sse_tap import EventEdit, Usage
 from app.settings import ContextEditsMode
 from app.usage.records import Outcome
@@ -60,7 +60,7 @@ class Api:
     upstream_path: str  # joined to the upstream's base URL, e.g. `/chat/completions`
     wire: WireFormat  # the adapter the compaction service plans and renders through
     parse_body: Callable[[bytes], dict[str, Any]]  # parse and check the shape (400 naming why)
-    # The history array a conversation's next request extends (app/http/reuse.py), and the
+    # The history array a conversation's next request extends (app/proxy/reuse.py), and the
     # checks `parse_body` makes on a body parsed from a remembered one, of what was parsed now.
     history: str | None = None
     check_rest: Callable[[Reused], None] | None = None

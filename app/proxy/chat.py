@@ -13,8 +13,8 @@ from typing import Any
 import orjson
 
 from app.compaction.formats.chat import ChatFormat
-from app.http.body import add_include_usage, check_chat_rest, parse_chat_body
 from app.proxy.api import Api
+from app.proxy.body import add_include_usage, check_chat_rest, parse_chat_body
 from app.proxy.restore_chat import ChatDialect
 
 

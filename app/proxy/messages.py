@@ -20,8 +20,8 @@ import orjson
 from app.compaction.context_edits import EditedBody, apply_edits
 from app.compaction.formats.messages import MessagesFormat
 from app.errors import ProxyError
-from app.http.body import check_model_rest
 from app.proxy.api import Api
+from app.proxy.body import check_model_rest
 from app.proxy.responses import parse_responses_body
 from app.proxy.restore_messages import MessagesDialect
 from app.proxy.sse_tap import EventEdit, Usage

@@ -13,12 +13,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from app.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
-from app.http.body import limited_stream
+from app.proxy.body import limited_stream
 from app.proxy.headers import filter_request_headers, filter_response_headers
+from app.proxy.recording import passthrough_record, passthrough_route
 from app.proxy.relay import RelayResponse, RelayResult
 from app.proxy.upstream import Upstream
 from app.settings import Settings
-from app.usage.recording import passthrough_record, passthrough_route
 from app.usage.records import Outcome, UsageRecord
 
 Recorder = Callable[[UsageRecord], None]

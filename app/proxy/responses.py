@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from app.compaction.formats.responses import ResponsesFormat
-from app.http.body import check_model_rest, check_stream, parse_model_body
 from app.proxy.api import Api
+from app.proxy.body import check_model_rest, check_stream, parse_model_body
 from app.proxy.restore_responses import ResponsesDialect
 
 

@@ -23,13 +23,13 @@ from starlette.responses import Response
 
 from app.compaction.context_edits import CONTEXT_MANAGEMENT_BETA
 from app.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
-from app.http.body import ClientGone, body_owner, read_body
-from app.http.reuse import ParsedBodies, Reused
 from app.proxy.api import Api, Exchange
+from app.proxy.body import ClientGone, body_owner, read_body
 from app.proxy.headers import filter_request_headers, filter_response_headers, without_beta
 from app.proxy.relay import RelayResponse, RelayResult, buffered_response
 from app.proxy.restore import Receive, RestoreLoop, Send, offer, restore_headers, unless_hung_up
 from app.proxy.restore_stream import follow
+from app.proxy.reuse import ParsedBodies, Reused
 from app.proxy.sse_tap import SSETap, Usage
 from app.proxy.upstream import Upstream, read_all
 from app.settings import Settings
@@ -110,7 +110,7 @@ class ApiService:
 
     def _parse(self, raw: bytes, owner: bytes) -> dict[str, Any]:
         """The body, parsed only where it is not the remembered body of an earlier request of
-        the same `owner` (`body_owner`) it extends (app/http/reuse.py), checked as
+        the same `owner` (`body_owner`) it extends (app/proxy/reuse.py), checked as
         `parse_body` checks it."""
         bodies, check = self._bodies, self.api.check_rest
         if bodies is None or check is None:

@@ -11,7 +11,7 @@ T = TypeVar("T")
 
 OTHER = "other"
 _GLOB = frozenset("*?[")
-DIGITS = 9  # sums of dollars keep nano-dollars (app/pricing/report.py)
+DIGITS = 9  # sums of dollars keep nano-dollars (app/usage/costs.py)
 
 
 def literal_names(patterns: Iterable[str]) -> frozenset[str]:

@@ -19,7 +19,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
@@ -27,9 +27,22 @@ from app.errors import NotFound
 from app.settings import LedgerMode
 
 if TYPE_CHECKING:
+    from app.compaction.compacted import Compacted
     from app.compaction.cuts import Cut
-    from app.proxy.api import Exchange
     from app.usage.records import UsageQueue, UsageStore
+
+
+class Ledgered(Protocol):
+    """What a row is made of: one answered request (the proxy's exchange)."""
+
+    @property
+    def compacted(self) -> Compacted | None: ...
+    @property
+    def route(self) -> str: ...
+    @property
+    def model(self) -> str: ...
+    @property
+    def client_key_id(self) -> str | None: ...
 
 MAX_ID_LENGTH = 64  # ids are 22 characters; a longer one is not looked up
 
@@ -80,7 +93,7 @@ class Ledger:
         self._store = store
         self._clock = clock
 
-    def row_for(self, exchange: Exchange) -> LedgerRow | None:
+    def row_for(self, exchange: Ledgered) -> LedgerRow | None:
         """The row of an exchange whose request was compacted with cuts (None: no row)."""
         compacted = exchange.compacted
         if self.mode is LedgerMode.OFF or compacted is None or compacted.ledger_id is None:
@@ -105,7 +118,7 @@ class Ledger:
         expires = now + self._ttl
         return LedgerRow(compacted.ledger_id, owner, now, expires, summary, compacted.cuts, full)
 
-    def record(self, exchange: Exchange) -> None:
+    def record(self, exchange: Ledgered) -> None:
         """Queue the exchange's row, if it has one (never waits)."""
         row = self.row_for(exchange)
         if row is not None:

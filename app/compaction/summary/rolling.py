@@ -56,7 +56,7 @@ def model_budget(summary_tokens: int, guard: bool) -> int:
 class _Chain:
     """The boundary keys of a conversation's last request, to resume from: the messages they
     hashed (held, so that the same objects prove the same content: a reused parse hands the
-    next request the very objects, app/http/reuse.py) and, per boundary, the end of its unit,
+    next request the very objects, app/proxy/reuse.py) and, per boundary, the end of its unit,
     the hash state after it and its key."""
 
     messages: list[Mapping[str, Any]]

@@ -12,9 +12,9 @@ from app.compaction.formats import ApiName
 from app.compaction.formats.detect import detect_api
 from app.compaction.report import Preview, count_report, preview_report
 from app.http import openapi_compaction
-from app.http.body import parse_model_body, read_body
 from app.http.routes.passthrough import METHODS
 from app.http.state import ClientKey, State
+from app.proxy.body import parse_model_body, read_body
 
 router = APIRouter()
 

@@ -5,19 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from app.errors import ProxyError
 from app.usage.records import UsageStore
 from app.usage.stores.spill import SpillFile
-
-
-class StoreUnavailable(ProxyError):
-    """The usage store cannot be reached right now (a database restarting, a locked or full
-    disk): `/stats` and the ledger answer 503 until it is back; writes are retried and spilled
-    by the queue."""
-
-    status_code = 503
-    error_type = "server_error"
-    code = "store_unavailable"
 
 
 def open_store(url: str) -> UsageStore:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from app.pricing.report import add_costs
+from app.usage.costs import add_costs
 from app.usage.ledger import LedgerRow
 from app.usage.records import UsageRecord
 from app.usage.stores.sql import activity, summarize

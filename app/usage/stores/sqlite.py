@@ -9,10 +9,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from app.pricing.report import add_costs
+from app.errors import StoreUnavailable
+from app.usage.costs import add_costs
 from app.usage.ledger import LedgerRow
 from app.usage.records import UsageRecord
-from app.usage.stores import StoreUnavailable, sql
+from app.usage.stores import sql
 
 
 class SQLiteStore:

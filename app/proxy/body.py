@@ -1,5 +1,5 @@
 """Reading client bodies: the size limit enforced while reading, the chat request shape, and
-whose body it is (the key of what is remembered to parse the next one: app/http/reuse.py)."""
+whose body it is (the key of what is remembered to parse the next one: app/proxy/reuse.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from starlette.requests import ClientDisconnect, Request
 
 from app.credentials import CREDENTIAL_HEADERS
 from app.errors import BadRequest, InvalidJSON, PayloadTooLarge, ProxyError
-from app.http.reuse import Reused
+from app.proxy.reuse import Reused
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ async def limited_stream(request: Request, limit: int) -> AsyncIterator[bytes]:
 
 def body_owner(request: Request) -> bytes:
     """Whose body `request` carries, for what is remembered to parse the next one
-    (app/http/reuse.py): a full-length hash of its route and every credential header it sent
+    (app/proxy/reuse.py): a full-length hash of its route and every credential header it sent
     (`app.credentials.CREDENTIAL_HEADERS`: Authorization of any scheme, x-api-key, api-key; each
     with its value, in order), whether or not the proxy checks keys. Not `client_identity`:
     that is a short id for records. Requests without any credential share one per route."""
@@ -154,7 +154,7 @@ def check_stream(body: dict[str, Any]) -> None:
 
 def check_model_rest(reused: Reused) -> None:
     """What `parse_model_body` and `check_stream` check, on a body parsed from a remembered
-    one (app/http/reuse.py): the part parsed now (its depth), and the body's model and stream."""
+    one (app/proxy/reuse.py): the part parsed now (its depth), and the body's model and stream."""
     check_depth(reused.rest)
     check_model(reused.body)
     check_stream(reused.body)

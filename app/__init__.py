@@ -9,13 +9,13 @@ __version__ = "0.1.0"
 __all__ = ["Compacted", "Engine", "__version__", "acompact", "compact", "count_tokens"]
 
 if TYPE_CHECKING:
-    from app.library import Compacted, Engine, acompact, compact, count_tokens
+    from inflight.library import Compacted, Engine, acompact, compact, count_tokens
 
 
 def __getattr__(name: str) -> Any:
     """The library's names, imported on first use: the proxy never loads what it does not use."""
     if name in __all__:
-        from app import library
+        from inflight import library
 
         return getattr(library, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 
-from app import __version__
-from app.settings import Settings, packaged_config_dir, redact_url
+from inflight import __version__
+from inflight.settings import Settings, packaged_config_dir, redact_url
 
 logger = logging.getLogger("app.startup")
 

@@ -13,22 +13,22 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from app import __version__
-from app.banner import log_banner
-from app.compaction.formats import ApiName
-from app.compaction.service import CompactionService
-from app.compaction.summary.background import BackgroundSummaries
-from app.compaction.summary.cache import RedisCache, SummaryCache, SummaryFlight, open_cache
-from app.compaction.summary.prompt import Completer, SummaryPrompt
-from app.compaction.summary.rolling import Summaries, SummaryJob
-from app.compaction.summary.stats import CountedCompleter, SummaryStats
-from app.dashboard.assets import DashboardAssets
-from app.errors import BadRequest, ProxyError
-from app.http.auth import KeyChecker
-from app.http.errors import error_response, proxy_error_handler, unexpected_error_handler
-from app.http.hot import InflightApp
-from app.http.readiness import Check, Readiness
-from app.http.routes import (
+from inflight import __version__
+from inflight.banner import log_banner
+from inflight.compaction.formats import ApiName
+from inflight.compaction.service import CompactionService
+from inflight.compaction.summary.background import BackgroundSummaries
+from inflight.compaction.summary.cache import RedisCache, SummaryCache, SummaryFlight, open_cache
+from inflight.compaction.summary.prompt import Completer, SummaryPrompt
+from inflight.compaction.summary.rolling import Summaries, SummaryJob
+from inflight.compaction.summary.stats import CountedCompleter, SummaryStats
+from inflight.dashboard.assets import DashboardAssets
+from inflight.errors import BadRequest, ProxyError
+from inflight.http.auth import KeyChecker
+from inflight.http.errors import error_response, proxy_error_handler, unexpected_error_handler
+from inflight.http.hot import InflightApp
+from inflight.http.readiness import Check, Readiness
+from inflight.http.routes import (
     chat,
     compaction,
     dashboard,
@@ -38,36 +38,36 @@ from app.http.routes import (
     passthrough,
     responses,
 )
-from app.http.state import AppState
-from app.pricing.meter import CostMeter
-from app.pricing.table import PriceTable
-from app.proxy.api import Api, Exchange
-from app.proxy.chat import CHAT_API
-from app.proxy.completers import (
+from inflight.http.state import AppState
+from inflight.pricing.meter import CostMeter
+from inflight.pricing.table import PriceTable
+from inflight.proxy.api import Api, Exchange
+from inflight.proxy.chat import CHAT_API
+from inflight.proxy.completers import (
     SummaryShapes,
     anthropic_summary_completer,
     responses_summary_completer,
     summary_completer,
 )
-from app.proxy.messages import MESSAGES_API
-from app.proxy.passthrough import PassthroughService
-from app.proxy.recording import records_for, summary_records
-from app.proxy.responses import RESPONSES_API
-from app.proxy.service import ApiService
-from app.proxy.slots import UpstreamSlots
-from app.proxy.upstream import Upstream
-from app.settings import Settings
-from app.tokens.counter import ChatTokenCounter
-from app.tokens.encodings import EncodingSet, load_encodings
-from app.usage.labels import ModelLabels, literal_names
-from app.usage.ledger import Ledger, ledger_mode
-from app.usage.metrics import Metrics
-from app.usage.records import UsageQueue, UsageRecord, UsageStore
-from app.usage.stores import open_store, spill_file
-from app.windows.discovery import discover_window
-from app.windows.registry import WindowRegistry
-from app.windows.shared import LearnedStore, SharedLearning, open_learning
-from app.windows.table import ModelTable, Route
+from inflight.proxy.messages import MESSAGES_API
+from inflight.proxy.passthrough import PassthroughService
+from inflight.proxy.recording import records_for, summary_records
+from inflight.proxy.responses import RESPONSES_API
+from inflight.proxy.service import ApiService
+from inflight.proxy.slots import UpstreamSlots
+from inflight.proxy.upstream import Upstream
+from inflight.settings import Settings
+from inflight.tokens.counter import ChatTokenCounter
+from inflight.tokens.encodings import EncodingSet, load_encodings
+from inflight.usage.labels import ModelLabels, literal_names
+from inflight.usage.ledger import Ledger, ledger_mode
+from inflight.usage.metrics import Metrics
+from inflight.usage.records import UsageQueue, UsageRecord, UsageStore
+from inflight.usage.stores import open_store, spill_file
+from inflight.windows.discovery import discover_window
+from inflight.windows.registry import WindowRegistry
+from inflight.windows.shared import LearnedStore, SharedLearning, open_learning
+from inflight.windows.table import ModelTable, Route
 
 logger = logging.getLogger(__name__)
 

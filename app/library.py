@@ -9,22 +9,22 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast, get_args
 
-from app.compaction.engine import CompactionResult
-from app.compaction.engine import compact as compact_view
-from app.compaction.formats import ApiName, Conversation, WireFormat
-from app.compaction.formats.chat import ChatFormat
-from app.compaction.formats.messages import MessagesFormat
-from app.compaction.formats.responses import ResponsesFormat
-from app.compaction.planner import plan
-from app.compaction.policy import Budget, resolve_pipeline
-from app.compaction.rendering import render_span
-from app.compaction.report import Preview, SummaryState, preview_report, report_headers
-from app.compaction.summary.prompt import SummaryUsage
-from app.compaction.summary.rolling import summary_budget
-from app.strategies import StrategyName, parse_strategy
-from app.tokens.counter import ChatTokenCounter, TokenCounter
-from app.tokens.encodings import load_encodings
-from app.windows.table import output_reserve
+from inflight.compaction.engine import CompactionResult
+from inflight.compaction.engine import compact as compact_view
+from inflight.compaction.formats import ApiName, Conversation, WireFormat
+from inflight.compaction.formats.chat import ChatFormat
+from inflight.compaction.formats.messages import MessagesFormat
+from inflight.compaction.formats.responses import ResponsesFormat
+from inflight.compaction.planner import plan
+from inflight.compaction.policy import Budget, resolve_pipeline
+from inflight.compaction.rendering import render_span
+from inflight.compaction.report import Preview, SummaryState, preview_report, report_headers
+from inflight.compaction.summary.prompt import SummaryUsage
+from inflight.compaction.summary.rolling import summary_budget
+from inflight.strategies import StrategyName, parse_strategy
+from inflight.tokens.counter import ChatTokenCounter, TokenCounter
+from inflight.tokens.encodings import load_encodings
+from inflight.windows.table import output_reserve
 
 Api = Literal["chat", "responses", "anthropic"]
 APIS: tuple[Api, ...] = get_args(Api)

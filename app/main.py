@@ -1,6 +1,6 @@
-"""ASGI entry point for `uvicorn app.main:app` (settings from the environment)."""
+"""ASGI entry point for `uvicorn inflight.main:app` (settings from the environment)."""
 
-from app.factory import create_app
-from app.settings import Settings
+from inflight.factory import create_app
+from inflight.settings import Settings
 
 app = create_app(Settings())

@@ -11,15 +11,15 @@ from urllib.parse import urlsplit, urlunsplit
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from app.errors import InvalidControl
-from app.strategies import parse_strategy
+from inflight.errors import InvalidControl
+from inflight.strategies import parse_strategy
 
 
 def packaged_config_dir() -> Path:
-    """The default config files shipped with the package: `app/config_defaults` in an installed
+    """The default config files shipped with the package: `inflight/config_defaults` in an installed
     wheel (pyproject.toml maps the repository's `config/` there); in a source checkout, where
     that directory does not exist, the checkout's `config/` itself."""
-    shipped = Path(str(resources.files("app"))) / "config_defaults"
+    shipped = Path(str(resources.files("inflight"))) / "config_defaults"
     return shipped if shipped.is_dir() else Path(__file__).resolve().parents[1] / "config"
 
 

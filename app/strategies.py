@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, cast, get_args
 
-from app.errors import InvalidControl
+from inflight.errors import InvalidControl
 
 StrategyName = Literal["truncate", "prune", "trim", "middle-out", "summarize"]
 STRATEGIES: tuple[StrategyName, ...] = get_args(StrategyName)

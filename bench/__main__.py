@@ -15,7 +15,6 @@ import platform
 import tempfile
 from contextlib import ExitStack
 
-from app.proxy.upstream import POOL_SHARDS
 from bench import (
     anthropic,
     cache,
@@ -37,6 +36,7 @@ from bench import (
 )
 from bench.litellm import ensure_installed, litellm_proxy
 from bench.procs import bare_relay, bare_relay_process, fake_upstream, proxy, proxy_process
+from inflight.proxy.upstream import POOL_SHARDS
 
 SECTIONS = (
     "hot", "latency", "load", "tokens", "compaction", "summaries", "cost", "cache", "facts",

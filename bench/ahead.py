@@ -25,17 +25,17 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from app.compaction.planner import plan
-from app.compaction.policy import Budget
-from app.compaction.rendering import Plan
-from app.compaction.summary.ahead import next_events
-from app.compaction.summary.partial import covered
-from app.compaction.summary.rolling import summary_budget
-from app.compaction.unit_costs import MessageCounter
-from app.settings import Settings
-from app.strategies import StrategyName
-from app.tokens.counter import ChatTokenCounter
-from app.tokens.encodings import load_encodings
+from inflight.compaction.planner import plan
+from inflight.compaction.policy import Budget
+from inflight.compaction.rendering import Plan
+from inflight.compaction.summary.ahead import next_events
+from inflight.compaction.summary.partial import covered
+from inflight.compaction.summary.rolling import summary_budget
+from inflight.compaction.unit_costs import MessageCounter
+from inflight.settings import Settings
+from inflight.strategies import StrategyName
+from inflight.tokens.counter import ChatTokenCounter
+from inflight.tokens.encodings import load_encodings
 from tests.support import load_traces, request_points
 
 PIPELINE: tuple[StrategyName, ...] = ("truncate", "prune", "summarize")

@@ -19,12 +19,12 @@ from typing import Any
 
 import orjson
 
-from app.compaction.engine import compact
-from app.compaction.formats.messages import MessagesFormat
-from app.compaction.policy import Budget
-from app.tokens.counter import ChatTokenCounter
-from app.tokens.encodings import load_encodings
 from bench.compaction import inflight_auto, replay
+from inflight.compaction.engine import compact
+from inflight.compaction.formats.messages import MessagesFormat
+from inflight.compaction.policy import Budget
+from inflight.tokens.counter import ChatTokenCounter
+from inflight.tokens.encodings import load_encodings
 from tests.anthropic_conversations import from_chat
 from tests.fake_anthropic_upstream import all_blocks, content_blocks, rule_violations
 from tests.support import load_traces, request_points

@@ -18,10 +18,10 @@ from typing import Any
 import anyio
 import httpx
 
-from app.tokens.counter import ChatTokenCounter
-from app.tokens.encodings import load_encodings
 from bench.compaction import keep_newest
 from bench.procs import proxy_in_process
+from inflight.tokens.counter import ChatTokenCounter
+from inflight.tokens.encodings import load_encodings
 
 MODEL = "qwen2.5-coder-0.5b-instruct"
 TOPICS = [

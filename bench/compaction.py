@@ -19,11 +19,11 @@ from typing import Any
 
 import orjson
 
-from app.compaction.engine import compact
-from app.compaction.policy import Budget
-from app.compaction.units import check_pair_safety, group_units, pinned_head
-from app.tokens.counter import ChatTokenCounter
-from app.tokens.encodings import load_encodings
+from inflight.compaction.engine import compact
+from inflight.compaction.policy import Budget
+from inflight.compaction.units import check_pair_safety, group_units, pinned_head
+from inflight.tokens.counter import ChatTokenCounter
+from inflight.tokens.encodings import load_encodings
 from tests.support import load_traces, request_points
 
 Messages = list[Mapping[str, Any]]

@@ -28,15 +28,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app.compaction.policy import Budget
-from app.compaction.units import group_units, pinned_head
-from app.pricing.cost import Billed, automatic_hit, dollars
-from app.pricing.meter import CostMeter
-from app.pricing.table import BaselineRules, Caching, ModelPrice, PriceTable
-from app.tokens.counter import ChatTokenCounter
-from app.tokens.encodings import load_encodings
-from app.usage.records import UsageRecord
 from bench.compaction import inflight_auto, keep_newest
+from inflight.compaction.policy import Budget
+from inflight.compaction.units import group_units, pinned_head
+from inflight.pricing.cost import Billed, automatic_hit, dollars
+from inflight.pricing.meter import CostMeter
+from inflight.pricing.table import BaselineRules, Caching, ModelPrice, PriceTable
+from inflight.tokens.counter import ChatTokenCounter
+from inflight.tokens.encodings import load_encodings
+from inflight.usage.records import UsageRecord
 from tests.support import load_traces, request_points
 
 PRICES = Path(__file__).resolve().parents[1] / "config" / "prices.toml"

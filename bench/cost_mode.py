@@ -16,14 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.compaction.cost_mode import CostRule, economics
-from app.compaction.engine import compact
-from app.compaction.policy import Budget
-from app.compaction.replays import ReplayCache, Replays
-from app.pricing.table import ModelPrice, PriceTable
-from app.strategies import StrategyName
-from app.tokens.counter import ChatTokenCounter
-from app.tokens.encodings import load_encodings
+from inflight.compaction.cost_mode import CostRule, economics
+from inflight.compaction.engine import compact
+from inflight.compaction.policy import Budget
+from inflight.compaction.replays import ReplayCache, Replays
+from inflight.pricing.table import ModelPrice, PriceTable
+from inflight.strategies import StrategyName
+from inflight.tokens.counter import ChatTokenCounter
+from inflight.tokens.encodings import load_encodings
 from tests.support import load_traces, request_points
 
 PRICES = Path(__file__).resolve().parents[1] / "config" / "prices.toml"

@@ -30,17 +30,17 @@ from unittest.mock import patch
 import httpx
 import orjson
 
-from app.cli.simulate import request_points
-from app.compaction.engine import compact
-from app.compaction.policy import Budget
-from app.compaction.replays import ReplayCache, Replays
-from app.proxy.upstream import POOL_SHARDS
-from app.strategies import StrategyName
-from app.tokens.counter import ChatTokenCounter, Counted, count_within
-from app.tokens.encodings import EncodingSet, load_encodings
-from app.tokens.heuristic import heuristic_tokens, heuristic_tokens_by_regex
 from bench.overhead import _bare_relay
 from bench.own_work import HEADERS
+from inflight.cli.simulate import request_points
+from inflight.compaction.engine import compact
+from inflight.compaction.policy import Budget
+from inflight.compaction.replays import ReplayCache, Replays
+from inflight.proxy.upstream import POOL_SHARDS
+from inflight.strategies import StrategyName
+from inflight.tokens.counter import ChatTokenCounter, Counted, count_within
+from inflight.tokens.encodings import EncodingSet, load_encodings
+from inflight.tokens.heuristic import heuristic_tokens, heuristic_tokens_by_regex
 from tests.support import load_traces
 
 Messages = list[dict[str, Any]]
@@ -339,7 +339,7 @@ def cold_counting(runs: int = 21) -> str:
         cases = [c for c in cases if "rs_bpe" not in c[1]]  # no wheel for this platform
     rows = []
     for model, label, loaded, heuristic in cases:
-        with patch("app.tokens.raw_counts.heuristic_tokens", heuristic):
+        with patch("inflight.tokens.raw_counts.heuristic_tokens", heuristic):
             tokens = ChatTokenCounter(loaded).count_request(model, body)
             ms = _median_ms(
                 lambda m=model, e=loaded: ChatTokenCounter(e).count_request(m, body), runs

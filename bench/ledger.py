@@ -14,18 +14,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from app.compaction.formats.chat import ChatFormat
-from app.compaction.service import CompactionService
-from app.proxy.api import Exchange
-from app.proxy.chat import CHAT_API
-from app.settings import LedgerMode, Settings
-from app.tokens.counter import ChatTokenCounter
-from app.tokens.encodings import load_encodings
-from app.usage.ledger import Ledger
-from app.usage.records import UsageQueue
-from app.usage.stores.null import NullStore
-from app.windows.registry import WindowRegistry
-from app.windows.table import ModelTable
+from inflight.compaction.formats.chat import ChatFormat
+from inflight.compaction.service import CompactionService
+from inflight.proxy.api import Exchange
+from inflight.proxy.chat import CHAT_API
+from inflight.settings import LedgerMode, Settings
+from inflight.tokens.counter import ChatTokenCounter
+from inflight.tokens.encodings import load_encodings
+from inflight.usage.ledger import Ledger
+from inflight.usage.records import UsageQueue
+from inflight.usage.stores.null import NullStore
+from inflight.windows.registry import WindowRegistry
+from inflight.windows.table import ModelTable
 
 CONFIG = Path(__file__).resolve().parents[1] / "config"
 HEADERS = {"x-compaction-context-limit": "32000", "x-compaction-strategy": "truncate,prune,trim"}

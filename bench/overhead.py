@@ -19,9 +19,9 @@ import orjson
 from fastapi import FastAPI, Request
 from starlette.responses import Response
 
-from app.factory import create_app
-from app.settings import Settings
 from bench.own_work import upstream
+from inflight.factory import create_app
+from inflight.settings import Settings
 
 BODY = orjson.dumps({"model": "bench", "messages": [{"role": "user", "content": "hello " * 50}]})
 

@@ -22,8 +22,8 @@ from typing import Any
 import httpx
 import orjson
 
-from app.factory import create_app
-from app.settings import Settings
+from inflight.factory import create_app
+from inflight.settings import Settings
 
 HEADERS = {"authorization": "Bearer sk-bench-key", "content-type": "application/json"}
 WARM = 3

@@ -89,7 +89,7 @@ def proxy_process(
     argv = [
         sys.executable,
         "-m",
-        "app.cli.commands",
+        "inflight.cli.commands",
         "serve",
         "--port",
         str(port),
@@ -128,8 +128,8 @@ async def proxy_in_process(upstream_url: str) -> AsyncIterator[httpx.AsyncClient
     """inflight as an ASGI app in this process (usage in a temporary SQLite file), in front of
     `upstream_url`, with a patient summary deadline: the real-model benchmarks run on a CPU.
     Its requests wait for their summaries (wait mode): what a summary keeps is measured."""
-    from app.factory import create_app
-    from app.settings import Settings
+    from inflight.factory import create_app
+    from inflight.settings import Settings
 
     with tempfile.TemporaryDirectory() as tmp:
         settings = Settings(  # type: ignore[call-arg]

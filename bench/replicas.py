@@ -23,10 +23,10 @@ import anyio
 import httpx
 import orjson
 
-from app.factory import create_app
-from app.settings import Settings
-from app.tokens.encodings import EncodingSet, load_encodings
-from app.windows.shared import LearnedStore, MemoryLearnedStore
+from inflight.factory import create_app
+from inflight.settings import Settings
+from inflight.tokens.encodings import EncodingSet, load_encodings
+from inflight.windows.shared import LearnedStore, MemoryLearnedStore
 from tests.redis_server import RedisServer
 from tests.support import free_port, load_traces, request_points
 

@@ -15,12 +15,12 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from app.compaction.engine import compact
-from app.compaction.formats.responses import ResponsesFormat
-from app.compaction.policy import Budget
-from app.tokens.counter import ChatTokenCounter
-from app.tokens.encodings import load_encodings
 from bench.compaction import inflight_auto, replay
+from inflight.compaction.engine import compact
+from inflight.compaction.formats.responses import ResponsesFormat
+from inflight.compaction.policy import Budget
+from inflight.tokens.counter import ChatTokenCounter
+from inflight.tokens.encodings import load_encodings
 from tests.conversations import common_prefix
 from tests.responses_items import pair_problems, request_body, request_points
 from tests.support import load_traces

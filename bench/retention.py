@@ -20,17 +20,17 @@ import anyio
 import httpx
 import orjson
 
-from app.cli.retention import Retention, retention
-from app.compaction.engine import CompactionResult, compact
-from app.compaction.planner import plan
-from app.compaction.policy import Budget
-from app.compaction.summary.cache import MemoryCache, SummaryFlight
-from app.compaction.summary.prompt import Completer, SummaryFailed, SummaryPrompt
-from app.compaction.summary.rolling import Summaries, SummaryJob, summary_budget
-from app.compaction.summary.stand_in import without_summary
-from app.strategies import StrategyName
-from app.tokens.counter import ChatTokenCounter
-from app.tokens.encodings import load_encodings
+from inflight.cli.retention import Retention, retention
+from inflight.compaction.engine import CompactionResult, compact
+from inflight.compaction.planner import plan
+from inflight.compaction.policy import Budget
+from inflight.compaction.summary.cache import MemoryCache, SummaryFlight
+from inflight.compaction.summary.prompt import Completer, SummaryFailed, SummaryPrompt
+from inflight.compaction.summary.rolling import Summaries, SummaryJob, summary_budget
+from inflight.compaction.summary.stand_in import without_summary
+from inflight.strategies import StrategyName
+from inflight.tokens.counter import ChatTokenCounter
+from inflight.tokens.encodings import load_encodings
 from tests.support import load_traces
 
 MODEL = "gpt-4o"

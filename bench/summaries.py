@@ -23,10 +23,10 @@ from typing import Any
 
 import httpx
 
-from app.tokens.counter import ChatTokenCounter
-from app.tokens.encodings import load_encodings
 from bench.ahead import PARTIAL, reachable
 from bench.procs import process, proxy_process
+from inflight.tokens.counter import ChatTokenCounter
+from inflight.tokens.encodings import load_encodings
 from tests.conversations import common_prefix
 from tests.support import free_port, load_traces, request_points
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import httpx
 
-from app.tokens.counter import ChatTokenCounter
-from app.tokens.encodings import load_encodings
+from inflight.tokens.counter import ChatTokenCounter
+from inflight.tokens.encodings import load_encodings
 from tests.support import load_traces, request_points
 
 CALIBRATION_POINTS = 3  # earlier requests of the same conversation the proxy has seen

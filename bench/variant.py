@@ -10,8 +10,8 @@ import sys
 
 import uvicorn
 
-from app.factory import create_app
-from app.settings import Settings
+from inflight.factory import create_app
+from inflight.settings import Settings
 
 
 def without_replays(app: object) -> None:

@@ -30,9 +30,9 @@ from starlette.routing import Route
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from app.factory import create_app  # noqa: E402
-from app.pricing.table import PriceTable  # noqa: E402
 from bench.cost import ProviderCache  # noqa: E402
+from inflight.factory import create_app  # noqa: E402
+from inflight.pricing.table import PriceTable  # noqa: E402
 from tests.conftest import make_settings  # noqa: E402
 from tests.fake_upstream import completion, reference_tokens  # noqa: E402
 from tests.servers import serve  # noqa: E402

@@ -11,10 +11,10 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from app import factory
-from app.factory import create_app
-from app.settings import Settings
-from app.tokens.encodings import load_encodings
+from inflight import factory
+from inflight.factory import create_app
+from inflight.settings import Settings
+from inflight.tokens.encodings import load_encodings
 from tests.fake_upstream import FakeUpstream
 
 

@@ -14,8 +14,8 @@ from typing import Any
 import orjson
 from hypothesis import strategies as st
 
-from app.compaction.engine import SUMMARY_PREFIX
-from app.compaction.units import Unit
+from inflight.compaction.engine import SUMMARY_PREFIX
+from inflight.compaction.units import Unit
 
 TEXT = st.text(alphabet="abcdefghij klmnop\n.,:{}0123456789", min_size=0, max_size=300)
 
@@ -194,7 +194,7 @@ def turns(messages: Sequence[Mapping[str, Any]]) -> list[Any]:
 
 
 def follows_strict_rule(messages: Sequence[Mapping[str, Any]]) -> bool:
-    """The test oracle for DESIGN.md §4.6, written independently of `app.compaction.units`: one
+    """The test oracle for DESIGN.md §4.6, written independently of `inflight.compaction.units`: one
     optional leading system message; then, ignoring tool results and assistant messages that
     carry calls, user and assistant alternate, starting with user (at least one user)."""
     rest = messages[1:] if messages and messages[0].get("role") == "system" else messages

@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from app.compaction.refs import REF_SUFFIX_RE
+from inflight.compaction.refs import REF_SUFFIX_RE
 
 FIRST_REF = "<first ref>"  # a restore call's ref: the first one in the request's messages
 

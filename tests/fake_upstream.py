@@ -65,7 +65,7 @@ def completion(model: str, text: str, prompt_tokens: int, **extra: Any) -> dict[
 @functools.cache
 def _o200k() -> Any:
     """o200k_base through the project's offline loader (tiktoken must never download here)."""
-    from app.tokens.encodings import load_encodings
+    from inflight.tokens.encodings import load_encodings
 
     encoding = load_encodings().get("o200k_base")
     assert encoding is not None, "o200k_base unavailable offline"
@@ -209,7 +209,7 @@ class FakeUpstream:
 
     def _validate(self, body: dict[str, Any]) -> str | None:
         """Reject what OpenAI and strict chat templates reject, and prompts over the window."""
-        from app.compaction.units import check_pair_safety, is_strict_alternation
+        from inflight.compaction.units import check_pair_safety, is_strict_alternation
 
         messages = body.get("messages") or []
         if self.enforce_pairs:

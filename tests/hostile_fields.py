@@ -18,7 +18,7 @@ import httpx
 import orjson
 from hypothesis import strategies as st
 
-from app.factory import create_app
+from inflight.factory import create_app
 from tests.conftest import make_settings
 
 Route = Literal["/v1/chat/completions", "/v1/responses", "/v1/messages"]

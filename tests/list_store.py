@@ -6,7 +6,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from app.usage.records import UsageRecord
+from inflight.usage.records import UsageRecord
 
 
 class ListStore:

@@ -12,8 +12,8 @@ from typing import Any
 import anyio
 import uvicorn
 
-from app.usage.records import UsageRecord
-from app.usage.stores.sqlite import SQLiteStore
+from inflight.usage.records import UsageRecord
+from inflight.usage.stores.sqlite import SQLiteStore
 
 
 @contextmanager

@@ -8,7 +8,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from app.cli.simulate import request_points
+from inflight.cli.simulate import request_points
 
 DATA = Path(__file__).resolve().parent / "data"
 TRACES = DATA / "traces"

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from app.factory import create_app
+from inflight.factory import create_app
 from tests.conftest import make_settings
 from tests.scripted_model import FINAL_TEXT, ScriptedModel, Seen
 from tests.servers import WatchedStore, serve

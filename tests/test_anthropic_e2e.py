@@ -13,8 +13,8 @@ import anthropic
 import httpx
 import pytest
 
-from app.factory import create_app
-from app.usage.records import UsageRecord
+from inflight.factory import create_app
+from inflight.usage.records import UsageRecord
 from tests.anthropic_conversations import from_chat
 from tests.conftest import make_settings
 from tests.fake_anthropic_upstream import (

@@ -13,13 +13,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.compaction.engine import SUMMARY_PREFIX, CompactionResult, compact
-from app.compaction.formats.messages import MessagesFormat
-from app.compaction.formats.messages_rules import problems
-from app.compaction.formats.messages_view import MessagesConversation, build_view
-from app.compaction.policy import Budget
-from app.errors import BadRequest
-from app.strategies import StrategyName
+from inflight.compaction.engine import SUMMARY_PREFIX, CompactionResult, compact
+from inflight.compaction.formats.messages import MessagesFormat
+from inflight.compaction.formats.messages_rules import problems
+from inflight.compaction.formats.messages_view import MessagesConversation, build_view
+from inflight.compaction.policy import Budget
+from inflight.errors import BadRequest
+from inflight.strategies import StrategyName
 from tests.anthropic_conversations import anthropic_bodies, blocks, from_chat
 from tests.conversations import simple_count
 from tests.fake_anthropic_upstream import all_blocks, rule_violations

@@ -18,9 +18,9 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from app.factory import create_app
-from app.proxy.upstream import Upstream
-from app.settings import Settings
+from inflight.factory import create_app
+from inflight.proxy.upstream import Upstream
+from inflight.settings import Settings
 from tests.anthropic_conversations import from_chat
 from tests.conftest import make_settings
 from tests.fake_anthropic_upstream import (

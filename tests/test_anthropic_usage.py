@@ -13,11 +13,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.cli.stats_table import render_stats
-from app.proxy.sse_tap import SSETap, Usage
-from app.usage.metrics import Metrics
-from app.usage.records import UsageRecord
-from app.usage.stores import open_store
+from inflight.cli.stats_table import render_stats
+from inflight.proxy.sse_tap import SSETap, Usage
+from inflight.usage.metrics import Metrics
+from inflight.usage.records import UsageRecord
+from inflight.usage.stores import open_store
 
 
 def event(name: str, data: dict[str, object]) -> bytes:

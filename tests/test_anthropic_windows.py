@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from app.windows.registry import WindowRegistry
-from app.windows.table import ModelTable, anthropic_betas
+from inflight.windows.registry import WindowRegistry
+from inflight.windows.table import ModelTable, anthropic_betas
 
 TABLE = ModelTable.load(Path(__file__).resolve().parents[1] / "config" / "models.toml")
 ONE_M = "context-1m-2025-08-07"

@@ -12,13 +12,13 @@ import pytest
 from fastapi import FastAPI, Request
 from starlette.responses import Response
 
-from app.errors import ProxyError
-from app.factory import create_app
-from app.http.state import AppState, api_client
-from app.proxy.api import Api
-from app.proxy.body import parse_chat_body
-from app.proxy.chat import CHAT_API
-from app.proxy.service import ApiService
+from inflight.errors import ProxyError
+from inflight.factory import create_app
+from inflight.http.state import AppState, api_client
+from inflight.proxy.api import Api
+from inflight.proxy.body import parse_chat_body
+from inflight.proxy.chat import CHAT_API
+from inflight.proxy.service import ApiService
 from tests.conftest import make_settings
 from tests.fake_upstream import FakeUpstream
 
@@ -34,7 +34,7 @@ def own_envelope(error: ProxyError) -> dict[str, Any]:
 def strict_body(raw: bytes) -> dict[str, Any]:
     body = parse_chat_body(raw)
     if "temperature" in body:
-        from app.errors import BadRequest
+        from inflight.errors import BadRequest
 
         raise BadRequest("no temperature here", param="temperature")
     return body

@@ -6,9 +6,9 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
-from app.credentials import bearer_token, client_identity, key_id
-from app.errors import Unauthorized
-from app.http.auth import KeyChecker
+from inflight.credentials import bearer_token, client_identity, key_id
+from inflight.errors import Unauthorized
+from inflight.http.auth import KeyChecker
 
 
 @pytest.mark.parametrize(

@@ -23,24 +23,24 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from app.compaction.engine import SUMMARY_PREFIX
-from app.compaction.planner import plan
-from app.compaction.policy import Budget
-from app.compaction.service import CompactionService
-from app.compaction.summary.background import IDLE_SETTLE, BackgroundSummaries
-from app.compaction.summary.cache import MemoryCache, SummaryFlight
-from app.compaction.summary.prompt import SummaryPrompt
-from app.compaction.summary.rolling import Summaries, SummaryJob
-from app.compaction.summary.stand_in import OMITTED
-from app.compaction.truncate import truncate_unit
-from app.compaction.units import check_pair_safety, group_units, pinned_head
-from app.factory import create_app
-from app.proxy.upstream import Upstream
-from app.settings import Settings
-from app.tokens.counter import ChatTokenCounter
-from app.tokens.encodings import load_encodings
-from app.windows.registry import WindowRegistry
-from app.windows.table import ModelTable
+from inflight.compaction.engine import SUMMARY_PREFIX
+from inflight.compaction.planner import plan
+from inflight.compaction.policy import Budget
+from inflight.compaction.service import CompactionService
+from inflight.compaction.summary.background import IDLE_SETTLE, BackgroundSummaries
+from inflight.compaction.summary.cache import MemoryCache, SummaryFlight
+from inflight.compaction.summary.prompt import SummaryPrompt
+from inflight.compaction.summary.rolling import Summaries, SummaryJob
+from inflight.compaction.summary.stand_in import OMITTED
+from inflight.compaction.truncate import truncate_unit
+from inflight.compaction.units import check_pair_safety, group_units, pinned_head
+from inflight.factory import create_app
+from inflight.proxy.upstream import Upstream
+from inflight.settings import Settings
+from inflight.tokens.counter import ChatTokenCounter
+from inflight.tokens.encodings import load_encodings
+from inflight.windows.registry import WindowRegistry
+from inflight.windows.table import ModelTable
 from tests.conftest import make_settings
 from tests.conversations import conversations, follows_strict_rule, simple_count, summary_in
 from tests.fake_upstream import FakeUpstream, completion

@@ -10,12 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.pricing.cost import Billed, baseline_billed
-from app.pricing.meter import CostMeter
-from app.pricing.table import BaselineRules, PriceTable
-from app.proxy.recording import one_round
-from app.proxy.sse_tap import Usage
-from app.usage.records import UsageRecord
+from inflight.pricing.cost import Billed, baseline_billed
+from inflight.pricing.meter import CostMeter
+from inflight.pricing.table import BaselineRules, PriceTable
+from inflight.proxy.recording import one_round
+from inflight.proxy.sse_tap import Usage
+from inflight.usage.records import UsageRecord
 
 CONFIG = Path(__file__).resolve().parents[1] / "config"
 

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.errors import BadRequest
-from app.proxy.body import MAX_JSON_DEPTH, deeper_than, parse_chat_body
+from inflight.errors import BadRequest
+from inflight.proxy.body import MAX_JSON_DEPTH, deeper_than, parse_chat_body
 
 
 def reference_depth(value: Any) -> int:

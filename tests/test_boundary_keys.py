@@ -12,12 +12,12 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import app.compaction.summary.rolling as rolling
-from app.compaction.planner import plan
-from app.compaction.policy import Budget
-from app.compaction.summary.prompt import SummaryPrompt
-from app.compaction.summary.rolling import KeyChains, boundary_keys
-from app.strategies import StrategyName
+import inflight.compaction.summary.rolling as rolling
+from inflight.compaction.planner import plan
+from inflight.compaction.policy import Budget
+from inflight.compaction.summary.prompt import SummaryPrompt
+from inflight.compaction.summary.rolling import KeyChains, boundary_keys
+from inflight.strategies import StrategyName
 from tests.conversations import agent_session, conversations, simple_count
 
 PROMPT = SummaryPrompt("{transcript}{previous_summary}", "v1")

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.tokens.calibration import (
+from inflight.tokens.calibration import (
     EXACT_BOUNDS,
     HEURISTIC_BOUNDS,
     NEUTRAL,
@@ -234,7 +234,7 @@ def test_answers_the_fit_already_explains_skip_the_refit(monkeypatch: pytest.Mon
     last fit explains join the history without one — at most REFIT_EVERY in a row — and one it
     does not explain refits at once, so the correction in use is the one refitting every time
     would give, within the deadband."""
-    import app.tokens.calibration as calibration
+    import inflight.tokens.calibration as calibration
 
     fits = 0
     real_fit = calibration.fit
@@ -278,7 +278,7 @@ def test_answers_that_scatter_as_the_fit_does_skip_the_refit(
     quirks): measured against half the deadband alone, every answer refitted. An answer within
     twice the fit's own scatter is explained: refits stay at about one in REFIT_EVERY, and the
     correction in use is what refitting every time gives, within the deadband."""
-    import app.tokens.calibration as calibration
+    import inflight.tokens.calibration as calibration
 
     fits = 0
     real_fit = calibration.fit

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from app.cli.commands import build_parser, main
-from app.usage.records import UsageRecord
+from inflight.cli.commands import build_parser, main
+from inflight.usage.records import UsageRecord
 
 CONFIG = str(Path(__file__).resolve().parents[1] / "config")
 
@@ -75,7 +75,7 @@ def test_count(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
 def test_stats_from_the_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import anyio
 
-    from app.usage.stores import open_store
+    from inflight.usage.stores import open_store
 
     url = f"sqlite:///{tmp_path / 'u.db'}"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.tokens.calibration import (
+from inflight.tokens.calibration import (
     CLIENT_REACH,
     DEADBAND,
     DEADBAND_FLOOR,
@@ -18,8 +18,8 @@ from app.tokens.calibration import (
     Calibration,
     Observation,
 )
-from app.windows.registry import SILENT_QUORUM, WindowRegistry
-from app.windows.table import ModelTable
+from inflight.windows.registry import SILENT_QUORUM, WindowRegistry
+from inflight.windows.table import ModelTable
 
 CONFIG = Path(__file__).resolve().parents[1] / "config" / "models.toml"
 MODEL = "m"

@@ -9,8 +9,8 @@ import httpx
 import orjson
 import pytest
 
-from app.compaction.units import check_pair_safety
-from app.factory import create_app
+from inflight.compaction.units import check_pair_safety
+from inflight.factory import create_app
 from tests.conftest import make_settings
 from tests.fake_upstream import FakeUpstream
 from tests.test_proxy_asgi import assert_openai_error

@@ -11,14 +11,14 @@ from typing import Any
 import orjson
 import pytest
 
-from app.compaction.formats import ApiName, Conversation
-from app.compaction.policy import parse_controls
-from app.compaction.service import CompactionService
-from app.errors import BadRequest
-from app.tokens.counter import ChatTokenCounter
-from app.tokens.encodings import load_encodings
-from app.windows.registry import WindowRegistry
-from app.windows.table import ModelTable
+from inflight.compaction.formats import ApiName, Conversation
+from inflight.compaction.policy import parse_controls
+from inflight.compaction.service import CompactionService
+from inflight.errors import BadRequest
+from inflight.tokens.counter import ChatTokenCounter
+from inflight.tokens.encodings import load_encodings
+from inflight.windows.registry import WindowRegistry
+from inflight.windows.table import ModelTable
 from tests.conftest import make_settings
 
 pytestmark = pytest.mark.anyio

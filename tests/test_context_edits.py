@@ -18,15 +18,15 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from app.compaction.context_edits import (
+from inflight.compaction.context_edits import (
     PLACEHOLDER,
     ClearToolUses,
     apply_edits,
     cleared_uses,
 )
-from app.errors import BadRequest
-from app.factory import create_app
-from app.proxy.headers import without_beta
+from inflight.errors import BadRequest
+from inflight.factory import create_app
+from inflight.proxy.headers import without_beta
 from tests.conftest import make_settings
 from tests.fake_anthropic_upstream import FakeAnthropic
 

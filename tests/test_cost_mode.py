@@ -10,20 +10,20 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.compaction.cost_mode import CostRule, economics
-from app.compaction.engine import CompactionResult, compact
-from app.compaction.planner import plan
-from app.compaction.policy import Budget, parse_controls
-from app.compaction.replays import ReplayCache, Replays
-from app.compaction.report import preview_report
-from app.compaction.service import CompactionService
-from app.factory import cache_rates
-from app.pricing.table import PriceTable
-from app.strategies import StrategyName
-from app.tokens.counter import ChatTokenCounter
-from app.tokens.encodings import load_encodings
-from app.windows.registry import WindowRegistry
-from app.windows.table import ModelTable
+from inflight.compaction.cost_mode import CostRule, economics
+from inflight.compaction.engine import CompactionResult, compact
+from inflight.compaction.planner import plan
+from inflight.compaction.policy import Budget, parse_controls
+from inflight.compaction.replays import ReplayCache, Replays
+from inflight.compaction.report import preview_report
+from inflight.compaction.service import CompactionService
+from inflight.factory import cache_rates
+from inflight.pricing.table import PriceTable
+from inflight.strategies import StrategyName
+from inflight.tokens.counter import ChatTokenCounter
+from inflight.tokens.encodings import load_encodings
+from inflight.windows.registry import WindowRegistry
+from inflight.windows.table import ModelTable
 from tests.conftest import make_settings
 from tests.conversations import common_prefix, conversations, simple_count
 from tests.support import request_points

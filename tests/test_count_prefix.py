@@ -9,9 +9,9 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.tokens import prefixes
-from app.tokens.counter import ChatTokenCounter, Counted, count_within
-from app.tokens.encodings import load_encodings
+from inflight.tokens import prefixes
+from inflight.tokens.counter import ChatTokenCounter, Counted, count_within
+from inflight.tokens.encodings import load_encodings
 
 ENCODINGS = load_encodings()
 PNG = (

@@ -10,14 +10,14 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.compaction.cuts import Cut, cuts_of
-from app.compaction.engine import CompactionResult, compact
-from app.compaction.formats import Conversation
-from app.compaction.formats.messages import MessagesFormat
-from app.compaction.formats.responses import ResponsesFormat
-from app.compaction.policy import Budget
-from app.compaction.refs import ref_for
-from app.strategies import StrategyName
+from inflight.compaction.cuts import Cut, cuts_of
+from inflight.compaction.engine import CompactionResult, compact
+from inflight.compaction.formats import Conversation
+from inflight.compaction.formats.messages import MessagesFormat
+from inflight.compaction.formats.responses import ResponsesFormat
+from inflight.compaction.policy import Budget
+from inflight.compaction.refs import ref_for
+from inflight.strategies import StrategyName
 from tests.conversations import conversations, simple_count
 from tests.responses_items import item_lists
 

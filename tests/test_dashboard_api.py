@@ -14,12 +14,12 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from app.factory import create_app
-from app.pricing.meter import CostMeter
-from app.pricing.table import PriceTable, PriceTableError
-from app.settings import Settings
-from app.usage.records import UsageRecord, UsageStore
-from app.usage.stores import open_store
+from inflight.factory import create_app
+from inflight.pricing.meter import CostMeter
+from inflight.pricing.table import PriceTable, PriceTableError
+from inflight.settings import Settings
+from inflight.usage.records import UsageRecord, UsageStore
+from inflight.usage.stores import open_store
 from tests.conftest import make_settings
 from tests.fake_upstream import FakeUpstream
 from tests.pg_server import postgres_url

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from app.factory import create_app
+from inflight.factory import create_app
 from tests.conftest import make_settings
 from tests.fake_upstream import FakeUpstream
 from tests.servers import WatchedStore, serve

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from app.settings import Settings
+from inflight.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "deploy" / "kubernetes"
@@ -50,7 +50,7 @@ def test_dockerfile_is_multistage_non_root_with_healthcheck() -> None:
 def test_dockerfile_installs_from_the_lock_and_bakes_encodings() -> None:
     text = (ROOT / "Dockerfile").read_text()
     assert re.search(r"pip install --no-deps -r deploy/requirements\.lock", text)
-    assert "python -m app.tokens.encodings --cache-dir /opt/tiktoken" in text
+    assert "python -m inflight.tokens.encodings --cache-dir /opt/tiktoken" in text
     assert "TIKTOKEN_CACHE_DIR=/opt/tiktoken" in text
     for line in text.splitlines():
         if line.startswith("COPY") and "--from=" not in line:

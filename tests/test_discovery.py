@@ -8,7 +8,7 @@ from typing import Any
 import anyio
 import pytest
 
-from app.windows.discovery import (
+from inflight.windows.discovery import (
     discover_window,
     server_root,
     window_from_models,

@@ -15,8 +15,8 @@ import openai
 import pytest
 from fastapi import FastAPI
 
-from app.compaction.summary.background import BackgroundSummaries
-from app.factory import create_app
+from inflight.compaction.summary.background import BackgroundSummaries
+from inflight.factory import create_app
 from tests.conftest import make_settings
 from tests.servers import serve
 from tests.test_e2e_llm import LLM_URL, MODEL, pytestmark  # noqa: F401 (the LLM tier)

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from app.tokens import encodings as encodings_module
-from app.tokens.counter import ChatTokenCounter
-from app.tokens.encodings import (
+from inflight.tokens import encodings as encodings_module
+from inflight.tokens.counter import ChatTokenCounter
+from inflight.tokens.encodings import (
     ENCODING_FILES,
     EncodingSet,
     cache_path,
@@ -124,7 +124,7 @@ def test_missing_everything_falls_back_to_the_heuristic_and_warns_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     monkeypatch.setattr(encodings_module, "_packaged", lambda name: None)
-    with caplog.at_level(logging.WARNING, logger="app.tokens.encodings"):
+    with caplog.at_level(logging.WARNING, logger="inflight.tokens.encodings"):
         empty = load_encodings(tmp_path / "empty")
     assert set(empty.missing) == set(ENCODING_FILES)
     assert len([r for r in caplog.records if "heuristic" in r.getMessage()]) == 1

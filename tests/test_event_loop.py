@@ -13,15 +13,15 @@ import httpx
 import orjson
 import pytest
 
-from app.compaction.offload import (
+from inflight.compaction.offload import (
     INLINE_COVERED_MESSAGES,
     OFFLOAD_CHARS,
     OFFLOAD_MESSAGES,
     is_heavy,
     is_large,
 )
-from app.factory import create_app
-from app.jsontext import HistoryTexts
+from inflight.factory import create_app
+from inflight.jsontext import HistoryTexts
 from tests.conftest import make_settings
 from tests.fake_upstream import FakeUpstream
 

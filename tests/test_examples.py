@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from app.windows.table import output_reserve
+from inflight.windows.table import output_reserve
 from tests.support import EXAMPLES
 
 ROOT = Path(__file__).resolve().parents[1]

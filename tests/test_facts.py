@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.compaction.facts import (
+from inflight.compaction.facts import (
     FACTS_HEADING,
     facts_kept,
     guarded,

@@ -13,14 +13,14 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.compaction.engine import CompactionResult, compact
-from app.compaction.facts import FACTS_HEADING
-from app.compaction.planner import plan
-from app.compaction.policy import Budget
-from app.compaction.summary.cache import MemoryCache, SummaryFlight
-from app.compaction.summary.prompt import SummaryPrompt
-from app.compaction.summary.rolling import Summaries, SummaryJob, summary_budget
-from app.compaction.units import check_pair_safety
+from inflight.compaction.engine import CompactionResult, compact
+from inflight.compaction.facts import FACTS_HEADING
+from inflight.compaction.planner import plan
+from inflight.compaction.policy import Budget
+from inflight.compaction.summary.cache import MemoryCache, SummaryFlight
+from inflight.compaction.summary.prompt import SummaryPrompt
+from inflight.compaction.summary.rolling import Summaries, SummaryJob, summary_budget
+from inflight.compaction.units import check_pair_safety
 from tests.conversations import conversations, follows_strict_rule, simple_count
 from tests.test_invariants import SUMMARIZE, budget_for, check_cache_stability
 

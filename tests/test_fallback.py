@@ -17,17 +17,17 @@ import redis.exceptions
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.compaction.report import report_headers
-from app.compaction.service import CompactionService
-from app.compaction.summary.cache import MemoryCache, SummaryFlight
-from app.compaction.summary.prompt import Completer, SummaryPrompt
-from app.compaction.summary.rolling import Summaries
-from app.compaction.units import check_pair_safety
-from app.factory import create_app
-from app.tokens.counter import ChatTokenCounter
-from app.tokens.encodings import load_encodings
-from app.windows.registry import WindowRegistry
-from app.windows.table import ModelTable
+from inflight.compaction.report import report_headers
+from inflight.compaction.service import CompactionService
+from inflight.compaction.summary.cache import MemoryCache, SummaryFlight
+from inflight.compaction.summary.prompt import Completer, SummaryPrompt
+from inflight.compaction.summary.rolling import Summaries
+from inflight.compaction.units import check_pair_safety
+from inflight.factory import create_app
+from inflight.tokens.counter import ChatTokenCounter
+from inflight.tokens.encodings import load_encodings
+from inflight.windows.registry import WindowRegistry
+from inflight.windows.table import ModelTable
 from tests.conftest import make_settings
 from tests.conversations import conversations
 from tests.fake_upstream import FakeUpstream, completion
@@ -107,9 +107,9 @@ async def test_an_unexpected_error_falls_back_to_trim_and_is_logged(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    monkeypatch.setattr("app.compaction.summary.rolling.render_span", _explode)
+    monkeypatch.setattr("inflight.compaction.summary.rolling.render_span", _explode)
     messages = long_history(40)
-    with caplog.at_level(logging.ERROR, logger="app.compaction.service"):
+    with caplog.at_level(logging.ERROR, logger="inflight.compaction.service"):
         response = await send(proxy, messages)
     assert response.status_code == 200
     assert response.headers["x-compaction-applied"] == "trim"
@@ -132,12 +132,12 @@ async def test_when_trim_fails_too_the_request_is_forwarded_as_received(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    monkeypatch.setattr("app.compaction.job.compact", _explode)  # the pipeline
-    monkeypatch.setattr("app.compaction.job.plan", _explode)
-    monkeypatch.setattr("app.compaction.service.compact", _explode)  # the fallback's trim
+    monkeypatch.setattr("inflight.compaction.job.compact", _explode)  # the pipeline
+    monkeypatch.setattr("inflight.compaction.job.plan", _explode)
+    monkeypatch.setattr("inflight.compaction.service.compact", _explode)  # the fallback's trim
     messages = long_history(40)
     body = orjson.dumps({"model": "gpt-4o", "messages": messages})
-    with caplog.at_level(logging.ERROR, logger="app.compaction.service"):
+    with caplog.at_level(logging.ERROR, logger="inflight.compaction.service"):
         response = await proxy.post(
             "/v1/chat/completions", content=body, headers={"X-Compaction-Context-Limit": "2048"}
         )

@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from app.factory import create_app
+from inflight.factory import create_app
 from tests.conftest import make_settings
 from tests.servers import serve
 

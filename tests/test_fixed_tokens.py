@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.tokens.counter import ChatTokenCounter
-from app.tokens.encodings import load_encodings
+from inflight.tokens.counter import ChatTokenCounter
+from inflight.tokens.encodings import load_encodings
 
 ENCODINGS = load_encodings()
 

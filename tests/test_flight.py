@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from app.flight import SingleFlight
+from inflight.flight import SingleFlight
 
 
 class Abandoned(Exception):

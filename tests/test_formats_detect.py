@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from app.compaction.formats.detect import detect_api
-from app.errors import InvalidControl
+from inflight.compaction.formats.detect import detect_api
+from inflight.errors import InvalidControl
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 RESULT = {"type": "tool_result", "tool_use_id": "t", "content": "ok"}

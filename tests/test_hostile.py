@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.factory import create_app
+from inflight.factory import create_app
 from tests.conftest import make_settings
 from tests.fake_upstream import FakeUpstream
 from tests.hostile_fields import SWITCHES, Case, Route, cases, fuzzed_proxy, problem, send

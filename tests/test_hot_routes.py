@@ -11,7 +11,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from app.proxy.service import ApiService
+from inflight.proxy.service import ApiService
 from tests.fake_upstream import FakeUpstream
 
 pytestmark = pytest.mark.anyio

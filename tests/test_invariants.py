@@ -12,27 +12,27 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.compaction.engine import (
+from inflight.compaction.engine import (
     CompactionResult,
     compact,
     marker_tokens,
     summary_message,
 )
-from app.compaction.planner import plan
-from app.compaction.policy import Budget
-from app.compaction.refs import REF_SUFFIX_RE
-from app.compaction.rendering import Plan, kept_units, render, render_span
-from app.compaction.restorable import restorable, span_ref
-from app.compaction.summary.rolling import summary_budget
-from app.compaction.truncate import truncate_unit
-from app.compaction.units import (
+from inflight.compaction.planner import plan
+from inflight.compaction.policy import Budget
+from inflight.compaction.refs import REF_SUFFIX_RE
+from inflight.compaction.rendering import Plan, kept_units, render, render_span
+from inflight.compaction.restorable import restorable, span_ref
+from inflight.compaction.summary.rolling import summary_budget
+from inflight.compaction.truncate import truncate_unit
+from inflight.compaction.units import (
     HEAD_ROLES,
     check_pair_safety,
     group_units,
     is_strict_alternation,
     pinned_head,
 )
-from app.strategies import StrategyName
+from inflight.strategies import StrategyName
 from tests.conversations import (
     common_prefix,
     conversations,

@@ -19,7 +19,7 @@ from fastapi import FastAPI
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.factory import create_app
+from inflight.factory import create_app
 from tests.conftest import make_settings
 
 pytestmark = pytest.mark.anyio

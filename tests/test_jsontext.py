@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import app.jsontext as jsontext
-from app.jsontext import HistoryTexts
+import inflight.jsontext as jsontext
+from inflight.jsontext import HistoryTexts
 
 
 def test_the_text_of_a_list_is_made_once(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -67,7 +67,7 @@ def test_starts_with_agrees_with_the_bytes(
     branched at an earlier message, its model changed or its tail dropped: whatever the parser
     claims a history starts with (`starts_with`'s shortcut), the bytes say the same, for every
     earlier history at every message boundary and whole; and a grown session is claimed."""
-    from app.factory import create_app
+    from inflight.factory import create_app
     from tests.conftest import make_settings
 
     app = create_app(make_settings(tmp_path_factory.mktemp("s")))

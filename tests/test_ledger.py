@@ -16,9 +16,9 @@ import orjson
 import pytest
 from starlette.types import ASGIApp
 
-from app.factory import create_app
-from app.usage.ledger import LedgerRow
-from app.usage.stores.sqlite import SQLiteStore
+from inflight.factory import create_app
+from inflight.usage.ledger import LedgerRow
+from inflight.usage.stores.sqlite import SQLiteStore
 from tests.conftest import make_settings
 from tests.fake_anthropic_upstream import FakeAnthropic
 from tests.fake_responses_upstream import FakeResponsesUpstream

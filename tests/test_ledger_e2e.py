@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from app.factory import create_app
+from inflight.factory import create_app
 from tests.conftest import make_settings
 from tests.fake_upstream import FakeUpstream
 from tests.servers import serve

@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from app.factory import create_app
+from inflight.factory import create_app
 from tests.conftest import make_settings
 from tests.servers import serve
 from tests.test_e2e_llm import LLM_URL, MODEL, _long_conversation

@@ -13,14 +13,14 @@ import anyio
 import orjson
 import pytest
 
-from app.compaction.cuts import Cut
-from app.errors import NotFound
-from app.settings import LedgerMode
-from app.usage.ledger import Ledger, LedgerRow
-from app.usage.records import UsageQueue, UsageRecord, UsageStore
-from app.usage.stores import open_store
-from app.usage.stores.sql import SCHEMA_VERSION
-from app.usage.stores.sqlite import SQLiteStore
+from inflight.compaction.cuts import Cut
+from inflight.errors import NotFound
+from inflight.settings import LedgerMode
+from inflight.usage.ledger import Ledger, LedgerRow
+from inflight.usage.records import UsageQueue, UsageRecord, UsageStore
+from inflight.usage.stores import open_store
+from inflight.usage.stores.sql import SCHEMA_VERSION
+from inflight.usage.stores.sqlite import SQLiteStore
 from tests.pg_server import postgres_url
 from tests.test_usage import record
 

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 
-import app as inflight
-from app.compaction.units import check_pair_safety
-from app.library import Engine
+import inflight
+from inflight.compaction.units import check_pair_safety
+from inflight.library import Engine
 from tests.anthropic_conversations import anthropic_bodies
 from tests.conversations import common_prefix, conversations, follows_strict_rule
 from tests.responses_items import item_lists, pair_problems

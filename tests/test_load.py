@@ -18,7 +18,7 @@ import anyio
 import httpx
 import pytest
 
-from app.factory import create_app
+from inflight.factory import create_app
 from tests.conftest import make_settings
 from tests.fake_upstream import FakeUpstream, Pacing
 from tests.servers import serve
@@ -113,7 +113,7 @@ def proxy_process(tmp_path: Path, upstream: str) -> Iterator[tuple[subprocess.Po
         "INFLIGHT_CONFIG_DIR": str(Path(__file__).resolve().parents[1] / "config"),
     }
     proc = subprocess.Popen(
-        [sys.executable, "-m", "app.cli.commands", "serve", "--port", str(port), "--upstream", upstream,
+        [sys.executable, "-m", "inflight.cli.commands", "serve", "--port", str(port), "--upstream", upstream,
          "--log-level", "warning", "--graceful-timeout", "20"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.lru import BoundedLRU
+from inflight.lru import BoundedLRU
 
 OPS = st.lists(
     st.tuples(st.sampled_from(["get", "put", "pop"]), st.integers(0, 6), st.integers()),

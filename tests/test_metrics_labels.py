@@ -13,10 +13,10 @@ import pytest
 from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.factory import create_app
-from app.usage.labels import OTHER, ModelLabels, literal_names
-from app.usage.metrics import Metrics
-from app.usage.records import UsageRecord
+from inflight.factory import create_app
+from inflight.usage.labels import OTHER, ModelLabels, literal_names
+from inflight.usage.metrics import Metrics
+from inflight.usage.records import UsageRecord
 from tests.conftest import make_settings
 from tests.fake_upstream import FakeUpstream
 from tests.servers import WatchedStore

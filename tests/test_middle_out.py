@@ -11,12 +11,12 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.compaction.engine import compact
-from app.compaction.middle_out import MiddleOut
-from app.compaction.policy import Budget
-from app.compaction.sums import RunningSums
-from app.compaction.units import check_pair_safety
-from app.strategies import StrategyName
+from inflight.compaction.engine import compact
+from inflight.compaction.middle_out import MiddleOut
+from inflight.compaction.policy import Budget
+from inflight.compaction.sums import RunningSums
+from inflight.compaction.units import check_pair_safety
+from inflight.strategies import StrategyName
 from tests.conversations import follows_strict_rule, simple_count
 
 CPU_SECONDS = 8.0  # generous: the replay takes about a second here; quadratic took 23 s and more

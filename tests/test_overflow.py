@@ -13,8 +13,8 @@ import httpx
 import orjson
 import pytest
 
-from app.factory import create_app
-from app.windows.overflow import OverflowInfo, parse_overflow
+from inflight.factory import create_app
+from inflight.windows.overflow import OverflowInfo, parse_overflow
 from tests.conftest import make_settings
 from tests.fake_upstream import completion
 
@@ -209,7 +209,7 @@ def test_a_tiny_number_is_not_a_window() -> None:
 
 def test_every_phrasing_in_the_table_is_tested() -> None:
     """Each regex of the table answers at least one case above (no dead phrasings)."""
-    from app.windows.overflow import PHRASINGS, _message_and_fields
+    from inflight.windows.overflow import PHRASINGS, _message_and_fields
 
     cases = [case.values[0] for case in _CASES]
     for pattern, _, _ in PHRASINGS:

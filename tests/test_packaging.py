@@ -18,8 +18,8 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from app.banner import startup_facts
-from app.settings import Settings, config_file, packaged_config_dir, redact_url
+from inflight.banner import startup_facts
+from inflight.settings import Settings, config_file, packaged_config_dir, redact_url
 from tests.support import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,17 +27,18 @@ CONFIG_FILES = ("models.toml", "summary_prompt.md", "prices.toml")
 
 
 def source_packages() -> set[str]:
+    """Every package under `app/`, by its import name (`app/` is `inflight`)."""
     return {
-        ".".join(init.parent.relative_to(ROOT).parts)
+        ".".join(("inflight", *init.parent.relative_to(ROOT / "app").parts))
         for init in (ROOT / "app").rglob("__init__.py")
     }
 
 
 def test_every_package_is_listed_and_config_is_one_of_them() -> None:
     tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    assert set(tool["packages"]) == source_packages() | {"app.config_defaults"}
-    assert tool["package-dir"] == {"app.config_defaults": "config"}
-    assert set(tool["package-data"]["app.config_defaults"]) >= {"*.toml", "*.md"}
+    assert set(tool["packages"]) == source_packages() | {"inflight.config_defaults"}
+    assert tool["package-dir"] == {"inflight": "app", "inflight.config_defaults": "config"}
+    assert set(tool["package-data"]["inflight.config_defaults"]) >= {"*.toml", "*.md"}
 
 
 @pytest.fixture(scope="module")
@@ -63,10 +64,35 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_the_build_ships_the_default_config_inside_the_package(built: Path) -> None:
     for name in CONFIG_FILES:
-        shipped = built / "app" / "config_defaults" / name
+        shipped = built / "inflight" / "config_defaults" / name
         assert shipped.read_bytes() == (ROOT / "config" / name).read_bytes(), name
     for package in source_packages():
         assert (built / package.replace(".", "/") / "__init__.py").is_file(), package
+    assert not (built / "app").exists()  # no top-level `app` package is installed
+
+
+def test_the_library_imports_from_the_installed_tree_and_app_does_not(
+    built: Path, tmp_path: Path
+) -> None:
+    """`import inflight` outside the checkout: the engine as a library; `import app` fails."""
+    code = (
+        "import importlib.util, inflight\n"
+        "assert importlib.util.find_spec('app') is None, 'a top-level app package'\n"
+        "messages = [{'role': 'user', 'content': 'word ' * 400}] * 2 + [\n"
+        "    {'role': 'assistant', 'content': 'ok'}, {'role': 'user', 'content': 'next'}]\n"
+        "done = inflight.compact(messages, model='gpt-4o', context_limit=1200)\n"
+        "print(inflight.count_tokens(messages, model='gpt-4o'), done.applied)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env=clean_env(PYTHONPATH=str(built)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "'trim'" in done.stdout
 
 
 class Server:
@@ -79,7 +105,7 @@ class Server:
             [
                 sys.executable,
                 "-c",
-                "import sys; from app.cli.commands import main; sys.exit(main())",
+                "import sys; from inflight.cli.commands import main; sys.exit(main())",
                 *args,
             ],
             cwd=cwd,
@@ -148,7 +174,7 @@ def test_serve_outside_the_checkout_uses_the_packaged_config_and_says_so(
     finally:
         server.stop()
     log = "\n".join(server.seen)
-    packaged = built / "app" / "config_defaults"
+    packaged = built / "inflight" / "config_defaults"
     for fact in (
         "upstream: http://user:***@127.0.0.1:9/v1 (Authorization: INFLIGHT_UPSTREAM_API_KEY",
         f"config: the packaged defaults in {packaged}",
@@ -169,7 +195,7 @@ def test_serve_outside_the_checkout_uses_the_packaged_config_and_says_so(
 def test_a_missing_config_directory_is_one_line_naming_it(outside: Path) -> None:
     missing = outside / "no-such-config"
     result = subprocess.run(
-        [sys.executable, "-m", "app.cli.commands", "serve", "--config", str(missing)],
+        [sys.executable, "-m", "inflight.cli.commands", "serve", "--config", str(missing)],
         cwd=ROOT,
         env=clean_env(),
         capture_output=True,

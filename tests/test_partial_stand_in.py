@@ -19,21 +19,21 @@ import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from app.compaction.engine import SUMMARY_PREFIX
-from app.compaction.planner import plan
-from app.compaction.policy import Budget
-from app.compaction.service import CompactionService
-from app.compaction.summary.background import BackgroundSummaries
-from app.compaction.summary.cache import MemoryCache, RedisCache, SummaryFlight
-from app.compaction.summary.partial import OWN, Chosen, covered, record_key
-from app.compaction.summary.prompt import SummaryPrompt
-from app.compaction.summary.rolling import Summaries, boundary_keys
-from app.compaction.units import check_pair_safety
-from app.factory import create_app
-from app.tokens.counter import ChatTokenCounter
-from app.tokens.encodings import load_encodings
-from app.windows.registry import WindowRegistry
-from app.windows.table import ModelTable
+from inflight.compaction.engine import SUMMARY_PREFIX
+from inflight.compaction.planner import plan
+from inflight.compaction.policy import Budget
+from inflight.compaction.service import CompactionService
+from inflight.compaction.summary.background import BackgroundSummaries
+from inflight.compaction.summary.cache import MemoryCache, RedisCache, SummaryFlight
+from inflight.compaction.summary.partial import OWN, Chosen, covered, record_key
+from inflight.compaction.summary.prompt import SummaryPrompt
+from inflight.compaction.summary.rolling import Summaries, boundary_keys
+from inflight.compaction.units import check_pair_safety
+from inflight.factory import create_app
+from inflight.tokens.counter import ChatTokenCounter
+from inflight.tokens.encodings import load_encodings
+from inflight.windows.registry import WindowRegistry
+from inflight.windows.table import ModelTable
 from tests.conftest import make_settings
 from tests.conversations import conversations, follows_strict_rule, simple_count, summary_in
 from tests.fake_anthropic_upstream import SUMMARY_REPLY, FakeAnthropic, rule_violations

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.compaction.engine import compact
-from app.compaction.pins import (
+from inflight.compaction.engine import compact
+from inflight.compaction.pins import (
     MAX_PIN_CHARS,
     MAX_PINS,
     PINNED_HEADING,
@@ -21,9 +21,9 @@ from app.compaction.pins import (
     parse_pins,
     pinned_matches,
 )
-from app.compaction.policy import parse_controls
-from app.compaction.units import check_pair_safety
-from app.errors import InvalidControl
+from inflight.compaction.policy import parse_controls
+from inflight.compaction.units import check_pair_safety
+from inflight.errors import InvalidControl
 from tests.conversations import conversations, follows_strict_rule, simple_count
 from tests.test_compaction_asgi import long_chat
 from tests.test_invariants import budget_for, check_cache_stability
@@ -261,7 +261,7 @@ def test_the_regex_pins_of_one_request_share_one_work_bound() -> None:
 
 def test_a_hostile_text_is_scanned_only_so_far() -> None:
     """What regex pins read of a cut is bounded whatever its size."""
-    from app.compaction.pins import SCANNED_CHARS
+    from inflight.compaction.pins import SCANNED_CHARS
 
     messages = [{"role": "tool", "content": "a" * (4 * SCANNED_CHARS) + "ORD-123456"}]
     (pin,) = parse_pins(r"re:ORD-\d{6}")

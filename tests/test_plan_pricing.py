@@ -10,10 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.compaction import planner, replay_state
-from app.compaction.policy import Budget
-from app.compaction.rendering import Plan
-from app.strategies import StrategyName
+from inflight.compaction import planner, replay_state
+from inflight.compaction.policy import Budget
+from inflight.compaction.rendering import Plan
+from inflight.strategies import StrategyName
 from tests.conversations import conversations, simple_count
 
 PIPELINES: list[tuple[StrategyName, ...]] = [

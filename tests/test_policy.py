@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.compaction.policy import CONTROL_KEYS, Budget, parse_controls, resolve_pipeline
-from app.errors import InvalidControl
-from app.strategies import parse_strategy
+from inflight.compaction.policy import CONTROL_KEYS, Budget, parse_controls, resolve_pipeline
+from inflight.errors import InvalidControl
+from inflight.strategies import parse_strategy
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(max_size=5),

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.pricing.cost import Billed, automatic_hit, baseline_billed, dollars
-from app.pricing.history import PromptHistory, conversation_items, conversation_key
-from app.pricing.table import BaselineRules, Caching, ModelPrice, PriceTable, PriceTableError
+from inflight.pricing.cost import Billed, automatic_hit, baseline_billed, dollars
+from inflight.pricing.history import PromptHistory, conversation_items, conversation_key
+from inflight.pricing.table import BaselineRules, Caching, ModelPrice, PriceTable, PriceTableError
 
 CONFIG = Path(__file__).resolve().parents[1] / "config" / "prices.toml"
 RULES = BaselineRules()
@@ -298,7 +298,7 @@ def test_bodies_without_history_have_no_conversation() -> None:
 
 
 def test_inflight_stats_prints_dollars() -> None:
-    from app.cli.stats_table import render_stats, usd
+    from inflight.cli.stats_table import render_stats, usd
 
     def cost(actual: float, baseline: float, summaries: float = 0.0) -> dict[str, object]:
         return {"currency": "USD", "actual": actual, "baseline": baseline,

@@ -11,12 +11,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.compaction.engine import compact
-from app.compaction.policy import Budget
-from app.compaction.prune import tool_names
-from app.compaction.units import check_pair_safety, group_units
-from app.factory import create_app
-from app.strategies import StrategyName
+from inflight.compaction.engine import compact
+from inflight.compaction.policy import Budget
+from inflight.compaction.prune import tool_names
+from inflight.compaction.units import check_pair_safety, group_units
+from inflight.factory import create_app
+from inflight.strategies import StrategyName
 from tests.conftest import make_settings
 from tests.conversations import conversations, simple_count
 from tests.fake_upstream import FakeUpstream

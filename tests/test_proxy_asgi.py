@@ -12,7 +12,7 @@ import orjson
 import pytest
 from fastapi import FastAPI
 
-from app.factory import create_app
+from inflight.factory import create_app
 from tests.conftest import make_settings
 from tests.fake_upstream import FakeUpstream
 from tests.servers import WatchedStore

@@ -8,8 +8,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.compaction.prune import PLACEHOLDER, answered_calls, is_placeholder, prune_unit, tool_names
-from app.compaction.refs import ref_for, ref_suffix
+from inflight.compaction.prune import (
+    PLACEHOLDER,
+    answered_calls,
+    is_placeholder,
+    prune_unit,
+    tool_names,
+)
+from inflight.compaction.refs import ref_for, ref_suffix
 
 
 def unit(calls: list[tuple[Any, str]], answers: list[Any]) -> list[dict[str, Any]]:

@@ -49,15 +49,15 @@ def _probe(*packages: str) -> dict[str, Any]:
 
 def test_the_probe_sees_a_forbidden_import() -> None:
     # The check itself can fail: the HTTP layer does load Starlette.
-    result = _probe("app.http")
+    result = _probe("inflight.http")
     assert "starlette" in result["loaded"]
 
 
-@pytest.mark.parametrize("package", ["app.compaction", "app.tokens"])
+@pytest.mark.parametrize("package", ["inflight.compaction", "inflight.tokens"])
 def test_the_core_loads_no_web_framework_and_no_http_client(package: str) -> None:
     assert _probe(package) == {"by_module": {}, "loaded": []}
 
 
 def test_the_window_table_and_registry_load_no_http_client() -> None:
     # the service resolves windows through them; the model table hands `Route`s to upstream
-    assert _probe("app.windows.table", "app.windows.registry")["loaded"] == []
+    assert _probe("inflight.windows.table", "inflight.windows.registry")["loaded"] == []

@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
-import app.compaction.quiet as quiet
-from app.compaction.planner import plan
-from app.compaction.policy import Budget
-from app.compaction.quiet import Quiet
-from app.compaction.replay_state import Replay
-from app.compaction.replays import ReplayCache, Replays
-from app.strategies import StrategyName
+import inflight.compaction.quiet as quiet
+from inflight.compaction.planner import plan
+from inflight.compaction.policy import Budget
+from inflight.compaction.quiet import Quiet
+from inflight.compaction.replay_state import Replay
+from inflight.compaction.replays import ReplayCache, Replays
+from inflight.strategies import StrategyName
 from tests.conversations import agent_session, simple_count
 
 PIPELINES: list[tuple[StrategyName, ...]] = [

@@ -18,17 +18,17 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-import app.compaction.quiet_path as quiet_path
-import app.compaction.service as service_module
-from app.compaction.compacted import Compacted
-from app.compaction.engine import untouched
-from app.compaction.formats.chat import ChatFormat
-from app.compaction.offload import OFFLOAD_MESSAGES
-from app.compaction.policy import Budget
-from app.compaction.replays import ENTRIES
-from app.compaction.service import CompactionService
-from app.compaction.units import group_units, head_end, pinned_head
-from app.http.state import AppState
+import inflight.compaction.quiet_path as quiet_path
+import inflight.compaction.service as service_module
+from inflight.compaction.compacted import Compacted
+from inflight.compaction.engine import untouched
+from inflight.compaction.formats.chat import ChatFormat
+from inflight.compaction.offload import OFFLOAD_MESSAGES
+from inflight.compaction.policy import Budget
+from inflight.compaction.replays import ENTRIES
+from inflight.compaction.service import CompactionService
+from inflight.compaction.units import group_units, head_end, pinned_head
+from inflight.http.state import AppState
 from tests.conversations import agent_session, conversations
 from tests.test_background_summaries import summaries
 from tests.test_partial_stand_in import service as compaction_service

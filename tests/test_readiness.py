@@ -13,8 +13,8 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from app.factory import create_app
-from app.http.readiness import Readiness
+from inflight.factory import create_app
+from inflight.http.readiness import Readiness
 from tests.conftest import make_settings
 from tests.servers import WatchedStore
 

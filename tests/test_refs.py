@@ -8,7 +8,7 @@ import re
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.compaction.refs import REF_SUFFIX_RE, content_sha256, ref_for, ref_suffix
+from inflight.compaction.refs import REF_SUFFIX_RE, content_sha256, ref_for, ref_suffix
 
 FORMAT = re.compile(r"\(ref: [A-Za-z0-9_-]{6,32}\)")
 

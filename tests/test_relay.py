@@ -11,8 +11,8 @@ import httpx
 import orjson
 import pytest
 
-from app.errors import ProxyError
-from app.proxy.relay import RelayResponse, RelayResult
+from inflight.errors import ProxyError
+from inflight.proxy.relay import RelayResponse, RelayResult
 
 pytestmark = pytest.mark.anyio
 

@@ -11,8 +11,8 @@ import httpx
 import orjson
 import pytest
 
-from app.compaction.units import is_strict_alternation
-from app.factory import create_app
+from inflight.compaction.units import is_strict_alternation
+from inflight.factory import create_app
 from tests.conftest import make_settings
 from tests.fake_upstream import FakeUpstream
 from tests.support import load_traces, request_points

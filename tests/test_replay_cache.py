@@ -14,17 +14,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import app.compaction.quiet as quiet
-from app.compaction.planner import plan
-from app.compaction.policy import Budget
-from app.compaction.rendering import render
-from app.compaction.replays import ReplayCache, Replays
-from app.compaction.summary.ahead import next_event
-from app.compaction.summary.rolling import summary_budget
-from app.compaction.units import UnitRoles
-from app.strategies import StrategyName
-from app.tokens.counter import ChatTokenCounter, Counted, count_within
-from app.tokens.encodings import load_encodings
+import inflight.compaction.quiet as quiet
+from inflight.compaction.planner import plan
+from inflight.compaction.policy import Budget
+from inflight.compaction.rendering import render
+from inflight.compaction.replays import ReplayCache, Replays
+from inflight.compaction.summary.ahead import next_event
+from inflight.compaction.summary.rolling import summary_budget
+from inflight.compaction.units import UnitRoles
+from inflight.strategies import StrategyName
+from inflight.tokens.counter import ChatTokenCounter, Counted, count_within
+from inflight.tokens.encodings import load_encodings
 from tests.conversations import agent_session, conversations, simple_count
 
 # Hypothesis warns when it prints a falsifying example whose repr is huge (these conversations
@@ -220,7 +220,7 @@ def test_a_compacted_conversation_renders_only_what_it_adds(
     request n+1 takes the pruned rounds its replay kept instead of pruning each again, so it
     prunes only a few units (the new ones, and all of them at an event), and renders exactly
     what a fresh plan renders."""
-    import app.compaction.unit_costs as unit_costs
+    import inflight.compaction.unit_costs as unit_costs
 
     pruned: list[int] = []
     real = unit_costs.prune_unit

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from app.compaction.planner import plan
-from app.compaction.policy import Budget
-from app.compaction.replays import ReplayCache, Replays
-from app.compaction.summary.ahead import next_event
-from app.compaction.summary.rolling import summary_budget
-from app.strategies import StrategyName
+from inflight.compaction.planner import plan
+from inflight.compaction.policy import Budget
+from inflight.compaction.replays import ReplayCache, Replays
+from inflight.compaction.summary.ahead import next_event
+from inflight.compaction.summary.rolling import summary_budget
+from inflight.strategies import StrategyName
 from tests.conversations import agent_session, simple_count
 
 

@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def replica(env: dict[str, str]) -> Iterator[str]:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "app.cli.commands", "serve", "--port", str(port), "--log-level", "warning"],
+        [sys.executable, "-m", "inflight.cli.commands", "serve", "--port", str(port), "--log-level", "warning"],
         env={**os.environ, **env}, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )  # fmt: skip
     base = f"http://127.0.0.1:{port}"

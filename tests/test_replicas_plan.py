@@ -12,8 +12,8 @@ import anyio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.windows.shared import MemoryLearnedStore
 from bench.replicas import BillingUpstream, replay
+from inflight.windows.shared import MemoryLearnedStore
 from tests.support import load_traces
 
 WORDS = "the build failed on step three because the cache key changed after the lockfile moved "

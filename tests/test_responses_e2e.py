@@ -14,7 +14,7 @@ import openai
 import orjson
 import pytest
 
-from app.factory import create_app
+from inflight.factory import create_app
 from tests.conftest import make_settings
 from tests.fake_responses_upstream import FakeResponsesUpstream, input_tokens
 from tests.fake_upstream import Pacing

@@ -11,10 +11,10 @@ import orjson
 import pytest
 from hypothesis import given
 
-from app.compaction.engine import SUMMARY_PREFIX, CompactionResult, compact
-from app.compaction.formats.responses import ResponsesConversation, ResponsesFormat
-from app.errors import BadRequest
-from app.strategies import StrategyName
+from inflight.compaction.engine import SUMMARY_PREFIX, CompactionResult, compact
+from inflight.compaction.formats.responses import ResponsesConversation, ResponsesFormat
+from inflight.errors import BadRequest
+from inflight.strategies import StrategyName
 from tests.conversations import common_prefix, simple_count
 from tests.responses_items import (
     follows_strict_rule,
@@ -467,8 +467,8 @@ def test_rendered_changes_keep_the_responses_shape() -> None:
 def test_instructions_count_like_a_leading_system_message() -> None:
     """`instructions` are in every prompt: the counter's fixed part counts them (and a system
     prompt stands first, so templates add no default one)."""
-    from app.tokens.counter import ChatTokenCounter, has_system
-    from app.tokens.encodings import load_encodings
+    from inflight.tokens.counter import ChatTokenCounter, has_system
+    from inflight.tokens.encodings import load_encodings
 
     counter = ChatTokenCounter(load_encodings())
     text = "You are a careful coding agent. Run the tests before you answer. " * 20
@@ -482,7 +482,7 @@ def test_instructions_count_like_a_leading_system_message() -> None:
 
 
 def test_the_output_reserve_is_max_output_tokens() -> None:
-    from app.windows.table import output_reserve
+    from inflight.windows.table import output_reserve
 
     body = {"model": "gpt-4.1", "input": [USER], "max_output_tokens": 300}
     assert output_reserve(body, 8192) == 300

@@ -14,7 +14,7 @@ import httpx
 import orjson
 import pytest
 
-from app.factory import create_app
+from inflight.factory import create_app
 from tests.conftest import make_settings
 
 pytestmark = pytest.mark.anyio

@@ -14,8 +14,8 @@ import pytest
 import respx
 from fastapi import FastAPI
 
-from app.factory import create_app
-from app.settings import Settings
+from inflight.factory import create_app
+from inflight.settings import Settings
 from tests.conftest import make_settings
 from tests.fake_responses_upstream import FakeResponsesUpstream, input_tokens
 from tests.responses_items import pair_problems, request_body

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.proxy.service import usage_from_json
-from app.proxy.sse_tap import SSETap, Usage
+from inflight.proxy.service import usage_from_json
+from inflight.proxy.sse_tap import SSETap, Usage
 
 RESPONSES_USAGE = {
     "input_tokens": 1200,
@@ -97,7 +97,7 @@ def test_error_events_are_seen(frame: bytes) -> None:
 
 def test_stats_count_each_compacting_api_apart() -> None:
     """`/stats` `apis` (DESIGN.md §2): requests and tokens per API, by the record's route."""
-    from app.usage.stores.sql import summarize
+    from inflight.usage.stores.sql import summarize
 
     groups = [
         # model, kind, status, outcome, route, n, prompt, completion, cached, saved, before
@@ -118,8 +118,8 @@ def test_stats_count_each_compacting_api_apart() -> None:
 
 
 def test_metrics_count_each_compacting_api_apart() -> None:
-    from app.usage.metrics import Metrics
-    from app.usage.records import UsageRecord
+    from inflight.usage.metrics import Metrics
+    from inflight.usage.records import UsageRecord
 
     def record(route: str | None, status: int = 200, kind: Any = "chat") -> UsageRecord:
         return UsageRecord(

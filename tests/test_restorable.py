@@ -7,17 +7,17 @@ from typing import Any
 
 import orjson
 
-from app.compaction.cuts import cuts_of
-from app.compaction.engine import SPAN_MARKER, SUMMARY_PREFIX, compact, marker_tokens
-from app.compaction.formats import Conversation
-from app.compaction.policy import Budget
-from app.compaction.prune import PLACEHOLDER
-from app.compaction.refs import REF_SUFFIX_RE, ref_for, ref_suffix
-from app.compaction.restorable import removed_positions, restorable, span_ref
-from app.compaction.truncate import MARKER, kept_length, truncate_unit
-from app.proxy.restore import TOOL_NAME, RestoreLoop
-from app.proxy.restore_chat import ChatDialect
-from app.strategies import StrategyName
+from inflight.compaction.cuts import cuts_of
+from inflight.compaction.engine import SPAN_MARKER, SUMMARY_PREFIX, compact, marker_tokens
+from inflight.compaction.formats import Conversation
+from inflight.compaction.policy import Budget
+from inflight.compaction.prune import PLACEHOLDER
+from inflight.compaction.refs import REF_SUFFIX_RE, ref_for, ref_suffix
+from inflight.compaction.restorable import removed_positions, restorable, span_ref
+from inflight.compaction.truncate import MARKER, kept_length, truncate_unit
+from inflight.proxy.restore import TOOL_NAME, RestoreLoop
+from inflight.proxy.restore_chat import ChatDialect
+from inflight.strategies import StrategyName
 from tests.conversations import simple_count
 
 AUTO: tuple[StrategyName, ...] = ("truncate", "prune", "trim")

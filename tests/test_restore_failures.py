@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from app.proxy.restore import TOOL_NAME
+from inflight.proxy.restore import TOOL_NAME
 from tests.fake_restore_upstream import FIRST_REF, Call, Fail, Reply, ScriptedUpstream
 from tests.test_restore_messages import BODY as MESSAGES
 from tests.test_restore_responses import BODY as RESPONSES

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from app.proxy.restore import TOOL_NAME
+from inflight.proxy.restore import TOOL_NAME
 from tests.fake_restore_upstream import FIRST_REF, Call, Reply, ScriptedUpstream
 from tests.test_restore_route import ANSWER, RESTORE, proxy
 from tests.test_restore_stray import BODIES, seen

@@ -10,8 +10,8 @@ from pathlib import Path
 import openai
 import pytest
 
-from app.factory import create_app
-from app.proxy.restore import MAX_ROUNDS, TOOL_NAME
+from inflight.factory import create_app
+from inflight.proxy.restore import MAX_ROUNDS, TOOL_NAME
 from tests.conftest import make_settings
 from tests.servers import WatchedStore, serve
 from tests.test_e2e_llm import LLM_URL, MODEL, pytestmark  # noqa: F401 (the llm tier)

@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 import pytest
 
-from app.proxy.restore import MAX_ROUNDS, TOOL_NAME
+from inflight.proxy.restore import MAX_ROUNDS, TOOL_NAME
 from tests.fake_anthropic_upstream import rule_violations
 from tests.fake_restore_upstream import FIRST_REF, Call, Reply, ScriptedUpstream
 from tests.test_restore_route import ANSWER, OUTPUT, RESTORE, SECRET, proxy

@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 import pytest
 
-from app.proxy.restore import TOOL_NAME
+from inflight.proxy.restore import TOOL_NAME
 from tests.fake_responses_upstream import pairing_problem
 from tests.fake_restore_upstream import FIRST_REF, Call, Reply, ScriptedUpstream
 from tests.test_restore_route import ANSWER, CHAT, RESTORE, SECRET, proxy

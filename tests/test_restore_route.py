@@ -13,8 +13,8 @@ import httpx
 import orjson
 import pytest
 
-from app.factory import create_app
-from app.proxy.restore import MAX_ROUNDS, TOOL_NAME
+from inflight.factory import create_app
+from inflight.proxy.restore import MAX_ROUNDS, TOOL_NAME
 from tests.conftest import make_settings
 from tests.fake_restore_upstream import FIRST_REF, Call, Reply, ScriptedUpstream
 from tests.servers import WatchedStore

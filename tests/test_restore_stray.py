@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 import pytest
 
-from app.proxy.restore import MAX_ROUNDS, NO_ANSWER, TOOL_NAME
+from inflight.proxy.restore import MAX_ROUNDS, NO_ANSWER, TOOL_NAME
 from tests.fake_restore_upstream import FIRST_REF, Call, Reply, ScriptedUpstream
 from tests.test_restore_messages import BODY as MESSAGES
 from tests.test_restore_responses import BODY as RESPONSES

@@ -8,10 +8,10 @@ from collections.abc import AsyncIterator
 import orjson
 import pytest
 
-from app.proxy.restore_chat import ChatDialect
-from app.proxy.restore_messages import MessagesDialect
-from app.proxy.restore_stream import _events, _first_kind
-from app.proxy.sse_tap import SSETap, Usage
+from inflight.proxy.restore_chat import ChatDialect
+from inflight.proxy.restore_messages import MessagesDialect
+from inflight.proxy.restore_stream import _events, _first_kind
+from inflight.proxy.sse_tap import SSETap, Usage
 from tests.fake_restore_upstream import sse
 
 pytestmark = pytest.mark.anyio

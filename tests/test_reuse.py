@@ -13,10 +13,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import app.proxy.reuse as reuse
-from app.errors import BadRequest
-from app.proxy.body import check_chat_rest, parse_chat_body
-from app.proxy.reuse import ParsedBodies
+import inflight.proxy.reuse as reuse
+from inflight.errors import BadRequest
+from inflight.proxy.body import check_chat_rest, parse_chat_body
+from inflight.proxy.reuse import ParsedBodies
 from tests.conversations import agent_session, conversations
 
 pytestmark = pytest.mark.filterwarnings(

@@ -14,9 +14,9 @@ import orjson
 import pytest
 from fastapi import FastAPI
 
-from app.factory import create_app
-from app.http.state import AppState
-from app.proxy.service import ApiService
+from inflight.factory import create_app
+from inflight.http.state import AppState
+from inflight.proxy.service import ApiService
 from tests.conftest import make_settings
 from tests.fake_anthropic_upstream import FakeAnthropic
 from tests.fake_responses_upstream import FakeResponsesUpstream

@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from starlette.requests import Request
 
-from app.proxy.body import body_owner
-from app.proxy.reuse import ParsedBodies
+from inflight.proxy.body import body_owner
+from inflight.proxy.reuse import ParsedBodies
 from tests.support import load_traces
 
 pytestmark = pytest.mark.filterwarnings(

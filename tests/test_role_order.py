@@ -12,16 +12,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.compaction.engine import SUMMARY_PREFIX, CompactionResult, compact
-from app.compaction.planner import plan
-from app.compaction.policy import Budget
-from app.compaction.rendering import render_span
-from app.compaction.unit_costs import MessageCounter
-from app.compaction.units import is_strict_alternation
-from app.strategies import StrategyName
-from app.tokens.counter import ChatTokenCounter
-from app.tokens.encodings import load_encodings
-from app.windows.table import output_reserve
+from inflight.compaction.engine import SUMMARY_PREFIX, CompactionResult, compact
+from inflight.compaction.planner import plan
+from inflight.compaction.policy import Budget
+from inflight.compaction.rendering import render_span
+from inflight.compaction.unit_costs import MessageCounter
+from inflight.compaction.units import is_strict_alternation
+from inflight.strategies import StrategyName
+from inflight.tokens.counter import ChatTokenCounter
+from inflight.tokens.encodings import load_encodings
+from inflight.windows.table import output_reserve
 from tests.conversations import (
     conversations,
     follows_strict_rule,

@@ -27,7 +27,7 @@ from schemathesis.checks import (
     unsupported_method,
 )
 
-from app.factory import create_app
+from inflight.factory import create_app
 from tests.conftest import make_settings
 from tests.fake_upstream import FakeUpstream
 from tests.servers import serve

@@ -16,9 +16,9 @@ import httpx
 import orjson
 import pytest
 
-from app.factory import create_app
-from app.tokens.heuristic import heuristic_tokens
-from app.windows.registry import SILENT_QUORUM
+from inflight.factory import create_app
+from inflight.tokens.heuristic import heuristic_tokens
+from inflight.windows.registry import SILENT_QUORUM
 from tests.conftest import make_settings
 
 pytestmark = pytest.mark.anyio

@@ -17,8 +17,8 @@ import pytest
 from fastapi import FastAPI
 from starlette.types import ASGIApp
 
-from app.factory import create_app
-from app.windows.silent import SILENT_SHARE, silently_truncated
+from inflight.factory import create_app
+from inflight.windows.silent import SILENT_SHARE, silently_truncated
 from tests.conftest import make_settings
 from tests.fake_anthropic_upstream import FakeAnthropic
 from tests.fake_responses_upstream import FakeResponsesUpstream

@@ -20,9 +20,9 @@ import orjson
 import pytest
 import uvicorn
 
-from app.factory import create_app
-from app.http.protocol import with_deadlines
-from app.proxy.relay import RelayResponse, RelayResult
+from inflight.factory import create_app
+from inflight.http.protocol import with_deadlines
+from inflight.proxy.relay import RelayResponse, RelayResult
 from tests.conftest import make_settings
 from tests.list_store import ListStore
 

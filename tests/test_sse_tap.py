@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.proxy.sse_tap import SSETap
+from inflight.proxy.sse_tap import SSETap
 
 CONTENT = b'data: {"id":"1","choices":[{"index":0,"delta":{"content":"hi"}}],"usage":null}\n\n'
 USAGE = (

@@ -27,7 +27,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from app.factory import create_app
+from inflight.factory import create_app
 from tests.conftest import make_settings
 from tests.pg_server import Cluster, postgres_cluster
 from tests.redis_server import redis_server
@@ -238,7 +238,7 @@ def test_redis_restart_mid_load_loses_nothing(tmp_path: Path, pg: Cluster, upstr
 def proxy_process(env: dict[str, str]) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "app.cli.commands", "serve", "--port", str(port), "--log-level", "warning"],
+        [sys.executable, "-m", "inflight.cli.commands", "serve", "--port", str(port), "--log-level", "warning"],
         env={**os.environ, **env}, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     base = f"http://127.0.0.1:{port}"

@@ -12,7 +12,7 @@ import httpx
 import orjson
 import pytest
 
-from app.factory import create_app
+from inflight.factory import create_app
 from tests.conftest import make_settings
 from tests.list_store import ListStore
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from app.compaction.summary.cache import MemoryCache, RedisCache, SummaryFlight
+from inflight.compaction.summary.cache import MemoryCache, RedisCache, SummaryFlight
 from tests.redis_server import redis_url
 
 pytestmark = pytest.mark.anyio

@@ -14,16 +14,16 @@ from typing import Any
 import anyio
 import pytest
 
-from app.compaction.planner import plan
-from app.compaction.policy import Budget
-from app.compaction.rendering import Plan
-from app.compaction.summary.ahead import next_event, next_events
-from app.compaction.summary.background import IDLE_POLL, IDLE_SETTLE, BackgroundSummaries
-from app.compaction.summary.rolling import summary_budget
-from app.compaction.unit_costs import MessageCounter
-from app.strategies import StrategyName
-from app.tokens.counter import ChatTokenCounter
-from app.tokens.encodings import load_encodings
+from inflight.compaction.planner import plan
+from inflight.compaction.policy import Budget
+from inflight.compaction.rendering import Plan
+from inflight.compaction.summary.ahead import next_event, next_events
+from inflight.compaction.summary.background import IDLE_POLL, IDLE_SETTLE, BackgroundSummaries
+from inflight.compaction.summary.rolling import summary_budget
+from inflight.compaction.unit_costs import MessageCounter
+from inflight.strategies import StrategyName
+from inflight.tokens.counter import ChatTokenCounter
+from inflight.tokens.encodings import load_encodings
 from tests.fake_upstream import FakeUpstream
 from tests.support import load_traces, request_points
 from tests.test_background_summaries import (
@@ -193,7 +193,7 @@ async def test_the_next_event_is_predicted_off_the_request_path(
     answer anyway, so it runs once the answer is on its way: the upstream has the request a
     prediction is of before it. Otherwise it starts with the request. Its spans are
     summarised either way."""
-    import app.compaction.summary.request as request_module
+    import inflight.compaction.summary.request as request_module
 
     def chats() -> int:  # the client requests the upstream has had
         return sum(r.path.endswith("/chat/completions") and b'"max_tokens":256' in r.body
@@ -230,7 +230,7 @@ async def test_a_conversation_of_small_messages_is_predicted_every_few_requests(
     is predicted again once it grew by `PREDICT_STEP` of the way from the goal to the
     trigger, or its cuts moved; one of big turns (a tool round of hundreds of lines) at every
     request past `SUMMARY_AHEAD`, as when every request predicted."""
-    import app.compaction.summary.request as request_module
+    import inflight.compaction.summary.request as request_module
 
     predicted: list[int] = []
     real = request_module.next_events

@@ -25,10 +25,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from app.compaction.summary.background import BackgroundSummaries
-from app.factory import create_app
-from app.proxy.completers import reasoning_model
-from app.proxy.slots import UpstreamSlots
+from inflight.compaction.summary.background import BackgroundSummaries
+from inflight.factory import create_app
+from inflight.proxy.completers import reasoning_model
+from inflight.proxy.slots import UpstreamSlots
 from tests.conftest import make_settings
 
 pytestmark = pytest.mark.anyio
@@ -430,7 +430,7 @@ async def test_a_shape_the_upstream_rejects_is_logged_once_and_not_sent_again(
         return JSONResponse(_completion(text, roughly(body["messages"])))
 
     strict.app.router.routes[0] = Route("/v1/chat/completions", chat, methods=["POST"])
-    caplog.set_level(logging.WARNING, logger="app.proxy.completers")
+    caplog.set_level(logging.WARNING, logger="inflight.proxy.completers")
     for k in (len(messages) - 10, len(messages)):
         body = {"model": strict_model, "messages": messages[:k], "max_tokens": 200}
         response = await client.post(
@@ -459,7 +459,7 @@ async def test_a_shape_the_upstream_rejects_is_logged_once_and_not_sent_again(
 async def test_summary_slots_go_to_the_oldest_wait_first_and_survive_cancellation() -> None:
     """A summary superseded by its conversation's longer one keeps its conversation's place in
     the line (its `since`); a cancelled waiter never loses a slot."""
-    from app.compaction.summary.background import _Slots
+    from inflight.compaction.summary.background import _Slots
 
     slots = _Slots(1)
     order: list[str] = []

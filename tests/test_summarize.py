@@ -13,13 +13,13 @@ import httpx
 import orjson
 import pytest
 
-from app.compaction.planner import plan
-from app.compaction.policy import Budget
-from app.compaction.summary.cache import MemoryCache, SummaryFlight
-from app.compaction.summary.prompt import SummaryPrompt, chunk_transcript, render_message
-from app.compaction.summary.rolling import Summaries, SummaryJob, span_keys
-from app.factory import create_app
-from app.settings import Settings
+from inflight.compaction.planner import plan
+from inflight.compaction.policy import Budget
+from inflight.compaction.summary.cache import MemoryCache, SummaryFlight
+from inflight.compaction.summary.prompt import SummaryPrompt, chunk_transcript, render_message
+from inflight.compaction.summary.rolling import Summaries, SummaryJob, span_keys
+from inflight.factory import create_app
+from inflight.settings import Settings
 from tests.conftest import make_settings
 from tests.conversations import common_prefix, simple_count, summary_in, summary_text
 from tests.fake_upstream import FakeUpstream, completion

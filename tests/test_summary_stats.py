@@ -11,15 +11,15 @@ import httpx
 import orjson
 import pytest
 
-from app.compaction.summary.prompt import SummaryFailed
-from app.compaction.summary.stats import (
+from inflight.compaction.summary.prompt import SummaryFailed
+from inflight.compaction.summary.stats import (
     CountedCompleter,
     SummaryStats,
     count_fallback,
     summary_outcome,
 )
-from app.errors import UpstreamTimeout, UpstreamUnavailable
-from app.factory import create_app
+from inflight.errors import UpstreamTimeout, UpstreamUnavailable
+from inflight.factory import create_app
 from tests.conftest import make_settings
 from tests.fake_upstream import FakeUpstream
 

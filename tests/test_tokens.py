@@ -13,11 +13,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.tokens.calibration import CLIENT_REACH
-from app.tokens.counter import ChatTokenCounter
-from app.tokens.encodings import EncodingSet, load_encodings
-from app.tokens.heuristic import heuristic_tokens
-from app.tokens.images import IMAGE_UNKNOWN_SIZE, image_tokens
+from inflight.tokens.calibration import CLIENT_REACH
+from inflight.tokens.counter import ChatTokenCounter
+from inflight.tokens.encodings import EncodingSet, load_encodings
+from inflight.tokens.heuristic import heuristic_tokens
+from inflight.tokens.images import IMAGE_UNKNOWN_SIZE, image_tokens
 from tests.support import load_traces
 
 Body = dict[str, Any]
@@ -34,7 +34,7 @@ def counter(encodings: EncodingSet) -> ChatTokenCounter:
 
 
 def reference_count(enc: Any, messages: list[dict[str, Any]]) -> int:
-    """OpenAI cookbook accounting, written independently of app.tokens."""
+    """OpenAI cookbook accounting, written independently of inflight.tokens."""
     total = 3
     for m in messages:
         total += 3 + len(enc.encode_ordinary(m["role"]))
@@ -42,7 +42,7 @@ def reference_count(enc: Any, messages: list[dict[str, Any]]) -> int:
         if "name" in m:
             total += 1 + len(enc.encode_ordinary(m["name"]))
         for call in m.get("tool_calls") or []:
-            total += 7  # framing of one call (app.tokens.raw_counts.PER_TOOL_CALL)
+            total += 7  # framing of one call (inflight.tokens.raw_counts.PER_TOOL_CALL)
             total += len(enc.encode_ordinary(call["function"]["name"]))
             total += len(enc.encode_ordinary(call["function"]["arguments"]))
         if m.get("tool_call_id"):

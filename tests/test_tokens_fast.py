@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.tokens import heuristic as h
-from app.tokens.counter import ChatTokenCounter
-from app.tokens.encodings import EncodingSet, load_encodings
-from app.tokens.heuristic import heuristic_tokens_by_regex
+from inflight.tokens import heuristic as h
+from inflight.tokens.counter import ChatTokenCounter
+from inflight.tokens.encodings import EncodingSet, load_encodings
+from inflight.tokens.heuristic import heuristic_tokens_by_regex
 from tests.support import load_traces
 from tests.test_tokens import reference_count
 
@@ -263,7 +263,7 @@ def test_without_rs_bpe_tiktoken_counts_everything(monkeypatch: pytest.MonkeyPat
 def test_what_counts_each_encoding_is_shown(encodings: EncodingSet, tmp_path: Path) -> None:
     """`counters()` names what counts each encoding's text, in the order asked; /stats and
     the startup banner show it."""
-    from app.banner import startup_facts
+    from inflight.banner import startup_facts
     from tests.conftest import make_settings
 
     expected = (

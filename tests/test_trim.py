@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.compaction.trim import advance_cut
+from inflight.compaction.trim import advance_cut
 
 
 def _reference(

@@ -11,16 +11,21 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.compaction.engine import compact
-from app.compaction.planner import plan
-from app.compaction.policy import Budget
-from app.compaction.refs import ref_suffix
-from app.compaction.truncate import MARKER, cap_chars, cut_text, kept_length, truncate_unit
-from app.compaction.unit_costs import UnitCosts
-from app.compaction.units import HEAD_ROLES, UnitRoles, check_pair_safety, is_strict_alternation
-from app.strategies import StrategyName
-from app.tokens.counter import ChatTokenCounter
-from app.tokens.encodings import load_encodings
+from inflight.compaction.engine import compact
+from inflight.compaction.planner import plan
+from inflight.compaction.policy import Budget
+from inflight.compaction.refs import ref_suffix
+from inflight.compaction.truncate import MARKER, cap_chars, cut_text, kept_length, truncate_unit
+from inflight.compaction.unit_costs import UnitCosts
+from inflight.compaction.units import (
+    HEAD_ROLES,
+    UnitRoles,
+    check_pair_safety,
+    is_strict_alternation,
+)
+from inflight.strategies import StrategyName
+from inflight.tokens.counter import ChatTokenCounter
+from inflight.tokens.encodings import load_encodings
 from tests.conversations import conversations, simple_count, strict_floor
 
 AUTO: tuple[StrategyName, ...] = ("truncate", "prune", "trim")

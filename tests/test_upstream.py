@@ -11,8 +11,8 @@ import anyio
 import httpx
 import pytest
 
-from app.errors import UpstreamTimeout, UpstreamUnavailable
-from app.proxy.upstream import POOL_SHARDS, Upstream, read_all, translate, upstream_errors
+from inflight.errors import UpstreamTimeout, UpstreamUnavailable
+from inflight.proxy.upstream import POOL_SHARDS, Upstream, read_all, translate, upstream_errors
 from tests.conftest import make_settings
 from tests.servers import serve
 

@@ -14,10 +14,10 @@ import orjson
 import pytest
 from fastapi import FastAPI
 
-from app.factory import create_app
-from app.proxy.headers import filter_request_headers
-from app.proxy.upstream import Upstream
-from app.windows.table import ModelTable
+from inflight.factory import create_app
+from inflight.proxy.headers import filter_request_headers
+from inflight.proxy.upstream import Upstream
+from inflight.windows.table import ModelTable
 from tests.conftest import make_settings
 from tests.fake_anthropic_upstream import FakeAnthropic
 from tests.fake_upstream import FakeUpstream

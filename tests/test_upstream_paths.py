@@ -16,8 +16,8 @@ from fastapi import FastAPI
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.factory import create_app
-from app.proxy.upstream import PathOutsideUpstream, upstream_path
+from inflight.factory import create_app
+from inflight.proxy.upstream import PathOutsideUpstream, upstream_path
 from tests.conftest import make_settings
 
 pytestmark = pytest.mark.anyio

@@ -11,11 +11,11 @@ from typing import Any
 import anyio
 import pytest
 
-from app.cli.stats_table import bar, percent, render_stats
-from app.usage.metrics import Metrics
-from app.usage.records import UsageQueue, UsageRecord, UsageStore
-from app.usage.stores import open_store
-from app.usage.stores.sql import SCHEMA_VERSION
+from inflight.cli.stats_table import bar, percent, render_stats
+from inflight.usage.metrics import Metrics
+from inflight.usage.records import UsageQueue, UsageRecord, UsageStore
+from inflight.usage.stores import open_store
+from inflight.usage.stores.sql import SCHEMA_VERSION
 from tests.pg_server import postgres_url
 
 pytestmark = pytest.mark.anyio

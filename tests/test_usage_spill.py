@@ -14,10 +14,10 @@ import httpx
 import orjson
 import pytest
 
-from app.factory import create_app
-from app.usage.records import Item, UsageQueue
-from app.usage.stores.spill import SpillFile
-from app.usage.stores.sqlite import SQLiteStore
+from inflight.factory import create_app
+from inflight.usage.records import Item, UsageQueue
+from inflight.usage.stores.spill import SpillFile
+from inflight.usage.stores.sqlite import SQLiteStore
 from tests.conftest import make_settings
 from tests.test_ledger_store import NOW, row
 from tests.test_usage import record

@@ -10,8 +10,8 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from app.windows.registry import LimitSource, Window, WindowRegistry, resolve_window
-from app.windows.table import ModelTable
+from inflight.windows.registry import LimitSource, Window, WindowRegistry, resolve_window
+from inflight.windows.table import ModelTable
 
 CONFIG = Path(__file__).resolve().parents[1] / "config" / "models.toml"
 

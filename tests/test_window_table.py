@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from app.windows.table import ModelTable, output_reserve
+from inflight.windows.table import ModelTable, output_reserve
 
 CONFIG = Path(__file__).resolve().parents[1] / "config" / "models.toml"
 

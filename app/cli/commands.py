@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from app.settings import Settings, config_file, packaged_config_dir
+from inflight.settings import Settings, config_file, packaged_config_dir
 
 
 def _is_loopback(host: str) -> bool:
@@ -59,8 +59,8 @@ def _listen_url(host: str, port: int) -> str:
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from app.factory import create_app
-    from app.http.protocol import with_deadlines
+    from inflight.factory import create_app
+    from inflight.http.protocol import with_deadlines
 
     settings = _settings({"upstream_url": args.upstream, "config_dir": args.config})
     if not _is_loopback(args.host) and not settings.api_keys and not settings.allow_unauthenticated:
@@ -101,13 +101,13 @@ def _stats(args: argparse.Namespace) -> int:
     import httpx
     import orjson
 
-    from app.cli.stats_table import render_stats
+    from inflight.cli.stats_table import render_stats
 
     stats: dict[str, Any]
     if args.database_url:
         import asyncio
 
-        from app.usage.stores import open_store
+        from inflight.usage.stores import open_store
 
         async def read() -> dict[str, Any]:
             store = open_store(args.database_url)
@@ -137,8 +137,8 @@ def _stats(args: argparse.Namespace) -> int:
 
 
 def _counter() -> Any:
-    from app.tokens.counter import ChatTokenCounter
-    from app.tokens.encodings import load_encodings
+    from inflight.tokens.counter import ChatTokenCounter
+    from inflight.tokens.encodings import load_encodings
 
     return ChatTokenCounter(load_encodings())
 
@@ -146,9 +146,9 @@ def _counter() -> Any:
 def _count(args: argparse.Namespace) -> int:
     import orjson
 
-    from app.cli.simulate import load_messages
-    from app.windows.registry import WindowRegistry
-    from app.windows.table import ModelTable, output_reserve
+    from inflight.cli.simulate import load_messages
+    from inflight.windows.registry import WindowRegistry
+    from inflight.windows.table import ModelTable, output_reserve
 
     messages, model_in_file = load_messages(Path(args.file))
     model = args.model or model_in_file or "gpt-4o"
@@ -176,11 +176,11 @@ def _count(args: argparse.Namespace) -> int:
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    from app.cli.simulate import load_messages, plot, simulate
-    from app.errors import InvalidControl
-    from app.strategies import parse_strategy
-    from app.windows.registry import WindowRegistry
-    from app.windows.table import ModelTable
+    from inflight.cli.simulate import load_messages, plot, simulate
+    from inflight.errors import InvalidControl
+    from inflight.strategies import parse_strategy
+    from inflight.windows.registry import WindowRegistry
+    from inflight.windows.table import ModelTable
 
     try:
         strategies = parse_strategy(args.strategy, "--strategy")
@@ -214,7 +214,7 @@ def _simulate(args: argparse.Namespace) -> int:
             f"{len(turns)} requests, {events} compaction events (*), mean prefix reuse {mean:.0%}"
         )
         if args.retention:
-            from app.cli.retention import offline_table
+            from inflight.cli.retention import offline_table
 
             print("\nreference retention (DESIGN.md §14):")
             print(offline_table(messages, model, window, counter))

@@ -13,14 +13,14 @@ from typing import Any
 
 import anyio
 
-from app.cli.simulate import request_points
-from app.compaction.engine import CompactionResult, compact
-from app.compaction.facts import fate, identifier_set, message_text, whole_positions
-from app.compaction.policy import Budget
-from app.compaction.refs import REF_SUFFIX_RE
-from app.strategies import StrategyName
-from app.tokens.counter import TokenCounter
-from app.windows.table import output_reserve
+from inflight.cli.simulate import request_points
+from inflight.compaction.engine import CompactionResult, compact
+from inflight.compaction.facts import fate, identifier_set, message_text, whole_positions
+from inflight.compaction.policy import Budget
+from inflight.compaction.refs import REF_SUFFIX_RE
+from inflight.strategies import StrategyName
+from inflight.tokens.counter import TokenCounter
+from inflight.windows.table import output_reserve
 
 # Compacts one request of the replay (the history up to a request point).
 Compactor = Callable[[Sequence[Mapping[str, Any]]], Awaitable[CompactionResult]]

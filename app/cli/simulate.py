@@ -9,11 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.compaction.engine import compact
-from app.compaction.policy import Budget, resolve_pipeline
-from app.strategies import StrategyName
-from app.tokens.counter import TokenCounter
-from app.windows.table import output_reserve
+from inflight.compaction.engine import compact
+from inflight.compaction.policy import Budget, resolve_pipeline
+from inflight.strategies import StrategyName
+from inflight.tokens.counter import TokenCounter
+from inflight.windows.table import output_reserve
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,16 +12,16 @@ from typing import Any
 
 import orjson
 
-from app.compaction.cuts import Cut, cuts_of
-from app.compaction.formats import ApiName, Conversation, WireFormat
-from app.compaction.offload import offload
-from app.compaction.report import Preview, report_headers
-from app.compaction.summary.prompt import SummaryUsage
-from app.errors import ContextLengthExceeded
-from app.settings import OnOverflow
-from app.strategies import StrategyName
-from app.tokens.counter import TokenCounter
-from app.windows.overflow import OverflowInfo
+from inflight.compaction.cuts import Cut, cuts_of
+from inflight.compaction.formats import ApiName, Conversation, WireFormat
+from inflight.compaction.offload import offload
+from inflight.compaction.report import Preview, report_headers
+from inflight.compaction.summary.prompt import SummaryUsage
+from inflight.errors import ContextLengthExceeded
+from inflight.settings import OnOverflow
+from inflight.strategies import StrategyName
+from inflight.tokens.counter import TokenCounter
+from inflight.windows.overflow import OverflowInfo
 
 # The request field that holds the history, per API (named by a too-long-to-fit error).
 HISTORY_PARAM: dict[ApiName, str] = {
@@ -52,7 +52,7 @@ class Compacted:
     budget: int = 0  # the window less the output reserve (what restored texts may fill)
     # what starts once the answer is on its way (not after an error): summaries ahead
     after_answer: tuple[Callable[[], object], ...] = ()
-    client: str = ""  # who sent it (`app.credentials.client_identity`): whose window it taught
+    client: str = ""  # who sent it (`inflight.credentials.client_identity`): whose window it taught
     economics: Mapping[str, object] | None = None  # the cut's costs and savings (§16)
 
 

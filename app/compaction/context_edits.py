@@ -15,9 +15,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from app.compaction.formats.messages_rules import block_type, blocks_of, turns_of
-from app.errors import BadRequest
-from app.tokens.heuristic import heuristic_tokens
+from inflight.compaction.formats.messages_rules import block_type, blocks_of, turns_of
+from inflight.errors import BadRequest
+from inflight.tokens.heuristic import heuristic_tokens
 
 CONTEXT_MANAGEMENT_BETA = "context-management-2025-06-27"
 CLEAR_TOOL_USES = "clear_tool_uses_20250919"

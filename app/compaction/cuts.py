@@ -16,11 +16,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from app.compaction.engine import CompactionResult
-from app.compaction.formats import Conversation
-from app.compaction.prune import is_placeholder, tool_names
-from app.compaction.refs import content_bytes, content_sha256, ref_for
-from app.compaction.unit_costs import TOOL_KINDS
+from inflight.compaction.engine import CompactionResult
+from inflight.compaction.formats import Conversation
+from inflight.compaction.prune import is_placeholder, tool_names
+from inflight.compaction.refs import content_bytes, content_sha256, ref_for
+from inflight.compaction.unit_costs import TOOL_KINDS
 
 CutKind = Literal["truncated", "pruned", "trimmed", "summarized", "dropped"]
 

@@ -19,15 +19,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.compaction.pins import Pin, pin_tokens, pinned_text
-from app.compaction.planner import plan
-from app.compaction.policy import Budget
-from app.compaction.refs import REF_LENGTH, ref_suffix
-from app.compaction.rendering import Plan, kept_sources, render
-from app.compaction.replays import Replays
-from app.compaction.restorable import removed_positions, restorable, span_ref
-from app.compaction.unit_costs import MessageCounter
-from app.strategies import StrategyName
+from inflight.compaction.pins import Pin, pin_tokens, pinned_text
+from inflight.compaction.planner import plan
+from inflight.compaction.policy import Budget
+from inflight.compaction.refs import REF_LENGTH, ref_suffix
+from inflight.compaction.rendering import Plan, kept_sources, render
+from inflight.compaction.replays import Replays
+from inflight.compaction.restorable import removed_positions, restorable, span_ref
+from inflight.compaction.unit_costs import MessageCounter
+from inflight.strategies import StrategyName
 
 SUMMARY_PREFIX = "[Summary of the earlier conversation, written by inflight to fit the context]\n\n"
 SPAN_MARKER = (

@@ -9,20 +9,20 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.compaction.engine import CompactionResult, compact, marker_tokens
-from app.compaction.formats import Conversation, WireFormat
-from app.compaction.pins import Pin, pin_tokens
-from app.compaction.planner import plan
-from app.compaction.policy import Budget
-from app.compaction.rendering import Plan
-from app.compaction.replays import Replays
-from app.compaction.summary.prompt import SummaryUsage
-from app.compaction.summary.request import Asked, StandIn
-from app.compaction.summary.rolling import summary_budget
-from app.compaction.unit_costs import MessageCounter
-from app.errors import ProxyError
-from app.strategies import StrategyName
-from app.tokens.counter import Counted, TokenCounter, count_within, counts_within
+from inflight.compaction.engine import CompactionResult, compact, marker_tokens
+from inflight.compaction.formats import Conversation, WireFormat
+from inflight.compaction.pins import Pin, pin_tokens
+from inflight.compaction.planner import plan
+from inflight.compaction.policy import Budget
+from inflight.compaction.rendering import Plan
+from inflight.compaction.replays import Replays
+from inflight.compaction.summary.prompt import SummaryUsage
+from inflight.compaction.summary.request import Asked, StandIn
+from inflight.compaction.summary.rolling import summary_budget
+from inflight.compaction.unit_costs import MessageCounter
+from inflight.errors import ProxyError
+from inflight.strategies import StrategyName
+from inflight.tokens.counter import Counted, TokenCounter, count_within, counts_within
 
 logger = logging.getLogger(__name__)
 

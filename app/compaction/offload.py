@@ -7,9 +7,9 @@ import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from app.compaction.engine import CompactionResult, untouched
-from app.compaction.replays import ReplayCache
-from app.jsontext import HistoryTexts
+from inflight.compaction.engine import CompactionResult, untouched
+from inflight.compaction.replays import ReplayCache
+from inflight.jsontext import HistoryTexts
 
 # Planning bigger than this runs in a worker thread, so it never holds up the event loop.
 OFFLOAD_MESSAGES = 256

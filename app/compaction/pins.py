@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from app.compaction.facts import message_text
+from inflight.compaction.facts import message_text
 
 MAX_PINS = 16
 MAX_PIN_CHARS = 200  # a pin's own length, and a match's

@@ -29,17 +29,17 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from app.compaction.middle_out import MiddleOut
-from app.compaction.policy import Budget
-from app.compaction.quiet import Quiet, quiet_plan, still_quiet
-from app.compaction.rendering import Plan
-from app.compaction.replay_state import Replay
-from app.compaction.replays import Recall, Replays
-from app.compaction.sums import RunningSums
-from app.compaction.truncate import cap_chars
-from app.compaction.unit_costs import MessageCounter, UnitCosts
-from app.compaction.units import UnitRoles
-from app.strategies import StrategyName
+from inflight.compaction.middle_out import MiddleOut
+from inflight.compaction.policy import Budget
+from inflight.compaction.quiet import Quiet, quiet_plan, still_quiet
+from inflight.compaction.rendering import Plan
+from inflight.compaction.replay_state import Replay
+from inflight.compaction.replays import Recall, Replays
+from inflight.compaction.sums import RunningSums
+from inflight.compaction.truncate import cap_chars
+from inflight.compaction.unit_costs import MessageCounter, UnitCosts
+from inflight.compaction.units import UnitRoles
+from inflight.strategies import StrategyName
 
 
 def _quiet(shape: UnitRoles, costs: UnitCosts, head_cost: int, trigger: int) -> Plan | None:

@@ -7,10 +7,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from app.compaction.cost_mode import CostRule
-from app.compaction.pins import BadPin, Pin, parse_pins
-from app.errors import InvalidControl
-from app.strategies import StrategyName, parse_strategy
+from inflight.compaction.cost_mode import CostRule
+from inflight.compaction.pins import BadPin, Pin, parse_pins
+from inflight.errors import InvalidControl
+from inflight.strategies import StrategyName, parse_strategy
 
 HEADER_PREFIX = "x-compaction-"
 # Read where they apply, not here: the body shape of `/v1/compaction/*` (DESIGN.md §8).

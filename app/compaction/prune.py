@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any
 
-from app.compaction.refs import REF_LENGTH, ref_for, ref_suffix
+from inflight.compaction.refs import REF_LENGTH, ref_for, ref_suffix
 
 PLACEHOLDER = "[inflight pruned an old output of {name}: {size} chars {ref}]"
 _PLACEHOLDER_RE = re.compile(

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.compaction.rendering import Plan
-from app.compaction.replay_state import Replay
-from app.compaction.unit_costs import UnitCosts
-from app.compaction.units import UnitRoles
+from inflight.compaction.rendering import Plan
+from inflight.compaction.replay_state import Replay
+from inflight.compaction.unit_costs import UnitCosts
+from inflight.compaction.units import UnitRoles
 
 # How far a mark may run past its start (units): its costs are copied on every request, and a
 # request crossing the trigger replays them again.

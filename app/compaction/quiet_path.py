@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from functools import partial
 
-from app.compaction.engine import untouched
-from app.compaction.job import Job, Outcome
-from app.compaction.policy import Budget
-from app.compaction.replays import Replays
-from app.compaction.summary.request import RequestSummaries
+from inflight.compaction.engine import untouched
+from inflight.compaction.job import Job, Outcome
+from inflight.compaction.policy import Budget
+from inflight.compaction.replays import Replays
+from inflight.compaction.summary.request import RequestSummaries
 
 
 def quiet_outcome(job: Job, budget: Budget, summarizing: RequestSummaries | None) -> Outcome | None:

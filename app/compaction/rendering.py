@@ -7,8 +7,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from app.compaction.unit_costs import Shown, transform, truncation_level
-from app.compaction.units import Unit
+from inflight.compaction.unit_costs import Shown, transform, truncation_level
+from inflight.compaction.units import Unit
 
 SummaryRole = Literal["user", "assistant", "fold"]
 

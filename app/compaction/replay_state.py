@@ -6,15 +6,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from app.compaction.middle_out import MiddleOut
-from app.compaction.policy import Budget
-from app.compaction.prune import MIN_SAVING_SHARE, PROTECT_SHARE
-from app.compaction.rendering import Plan, SummaryRole
-from app.compaction.sums import RunningSums
-from app.compaction.trim import advance_cut
-from app.compaction.unit_costs import TOOL_KINDS, UnitCosts, truncation_level
-from app.compaction.units import UnitRoles
-from app.strategies import StrategyName
+from inflight.compaction.middle_out import MiddleOut
+from inflight.compaction.policy import Budget
+from inflight.compaction.prune import MIN_SAVING_SHARE, PROTECT_SHARE
+from inflight.compaction.rendering import Plan, SummaryRole
+from inflight.compaction.sums import RunningSums
+from inflight.compaction.trim import advance_cut
+from inflight.compaction.unit_costs import TOOL_KINDS, UnitCosts, truncation_level
+from inflight.compaction.units import UnitRoles
+from inflight.strategies import StrategyName
 
 
 @dataclass(slots=True)

@@ -26,7 +26,7 @@ from typing import Any, Generic, TypeVar
 
 import orjson
 
-from app.jsontext import HistoryTexts
+from inflight.jsontext import HistoryTexts
 
 ENTRIES = 64  # conversations (and plan inputs) whose last replay is remembered
 MAX_BYTES = 64 * 1024 * 1024  # their JSON and state, in all

@@ -14,11 +14,11 @@ from typing import Any
 
 import orjson
 
-from app.compaction.prune import tool_names
-from app.compaction.refs import ref_for
-from app.compaction.rendering import Plan, kept_units
-from app.compaction.truncate import unit_texts
-from app.compaction.unit_costs import TOOL_KINDS
+from inflight.compaction.prune import tool_names
+from inflight.compaction.refs import ref_for
+from inflight.compaction.rendering import Plan, kept_units
+from inflight.compaction.truncate import unit_texts
+from inflight.compaction.unit_costs import TOOL_KINDS
 
 
 def removed_positions(plan: Plan) -> list[int]:

@@ -16,36 +16,36 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
-from app.compaction.compacted import Compacted, compacted_of, ledgered, overflow_bound
-from app.compaction.cost_mode import CacheRates, CostRule, Economics, economics
-from app.compaction.engine import compact
-from app.compaction.formats import WireFormat
-from app.compaction.formats.chat import ChatFormat
-from app.compaction.job import Job, Outcome, Planning, view_of
-from app.compaction.offload import as_received, is_heavy, offload, run_off
-from app.compaction.policy import Budget, Controls, parse_controls, resolve_pipeline
-from app.compaction.quiet_path import planned_later, quiet_outcome
-from app.compaction.rendering import Plan
-from app.compaction.replays import ReplayCache, Replays
-from app.compaction.report import Preview
-from app.compaction.summary.background import BackgroundSummaries
-from app.compaction.summary.request import (
+from inflight.compaction.compacted import Compacted, compacted_of, ledgered, overflow_bound
+from inflight.compaction.cost_mode import CacheRates, CostRule, Economics, economics
+from inflight.compaction.engine import compact
+from inflight.compaction.formats import WireFormat
+from inflight.compaction.formats.chat import ChatFormat
+from inflight.compaction.job import Job, Outcome, Planning, view_of
+from inflight.compaction.offload import as_received, is_heavy, offload, run_off
+from inflight.compaction.policy import Budget, Controls, parse_controls, resolve_pipeline
+from inflight.compaction.quiet_path import planned_later, quiet_outcome
+from inflight.compaction.rendering import Plan
+from inflight.compaction.replays import ReplayCache, Replays
+from inflight.compaction.report import Preview
+from inflight.compaction.summary.background import BackgroundSummaries
+from inflight.compaction.summary.request import (
     CompleterFactory,
     RequestSummaries,
     UpstreamOf,
 )
-from app.compaction.summary.rolling import Summaries, summary_budget
-from app.compaction.summary.stand_in import without_summary
-from app.credentials import client_identity
-from app.errors import BadRequest
-from app.jsontext import HistoryTexts
-from app.settings import LedgerMode, Settings
-from app.strategies import StrategyName, parse_strategy
-from app.tokens.counter import TokenCounter
-from app.windows.overflow import OverflowInfo, parse_overflow
-from app.windows.registry import WindowRegistry
-from app.windows.silent import SILENT_SHARE, learn_silent_cut
-from app.windows.table import anthropic_betas, output_reserve
+from inflight.compaction.summary.rolling import Summaries, summary_budget
+from inflight.compaction.summary.stand_in import without_summary
+from inflight.credentials import client_identity
+from inflight.errors import BadRequest
+from inflight.jsontext import HistoryTexts
+from inflight.settings import LedgerMode, Settings
+from inflight.strategies import StrategyName, parse_strategy
+from inflight.tokens.counter import TokenCounter
+from inflight.windows.overflow import OverflowInfo, parse_overflow
+from inflight.windows.registry import WindowRegistry
+from inflight.windows.silent import SILENT_SHARE, learn_silent_cut
+from inflight.windows.table import anthropic_betas, output_reserve
 
 CHAT = ChatFormat()  # the default adapter (stateless)
 

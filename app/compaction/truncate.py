@@ -26,8 +26,8 @@ from typing import Any
 
 import orjson
 
-from app.compaction.prune import answered_calls, tool_names
-from app.compaction.refs import REF_LENGTH, ref_for, ref_suffix
+from inflight.compaction.prune import answered_calls, tool_names
+from inflight.compaction.refs import REF_LENGTH, ref_for, ref_suffix
 
 MARKER = "\n\n[… inflight truncated {cut} chars {ref}]\n\n"
 _MARKER_RE = re.compile(

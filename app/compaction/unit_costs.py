@@ -8,10 +8,10 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from app.compaction.prune import prune_unit
-from app.compaction.refs import REF_LENGTH
-from app.compaction.truncate import markers, truncate_unit
-from app.compaction.units import Unit
+from inflight.compaction.prune import prune_unit
+from inflight.compaction.refs import REF_LENGTH
+from inflight.compaction.truncate import markers, truncate_unit
+from inflight.compaction.units import Unit
 
 MessageCounter = Callable[[Mapping[str, Any]], int]
 # A pruned unit as the plan shows it, message by message: None where it is the client's own

@@ -29,7 +29,7 @@ class DashboardAssets:
 
     @classmethod
     def load(cls) -> DashboardAssets:
-        root = resources.files("app.dashboard")
+        root = resources.files("inflight.dashboard")
         return cls(
             {name: Asset(root.joinpath(name).read_bytes(), kind) for name, kind in FILES.items()}
         )

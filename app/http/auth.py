@@ -8,8 +8,8 @@ from collections.abc import Mapping, Sequence
 
 from pydantic import SecretStr
 
-from app.credentials import bearer_token, client_identity, key_id
-from app.errors import Unauthorized
+from inflight.credentials import bearer_token, client_identity, key_id
+from inflight.errors import Unauthorized
 
 
 class KeyChecker:

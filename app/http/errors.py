@@ -1,7 +1,7 @@
-"""Rendering the proxy's own errors as HTTP responses (the error tree itself is `app.errors`).
+"""Rendering the proxy's own errors as HTTP responses (the error tree itself is `inflight.errors`).
 
 Each compacting API renders errors in its own envelope: its route's authentication dependency
-(`app.http.state.api_client`) puts the API's `error_body` on `request.state`, and the handler
+(`inflight.http.state.api_client`) puts the API's `error_body` on `request.state`, and the handler
 uses it; every other route answers in OpenAI's envelope.
 """
 
@@ -15,7 +15,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from app.errors import ProxyError
+from inflight.errors import ProxyError
 
 logger = logging.getLogger(__name__)
 

@@ -22,8 +22,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
-from app.errors import ProxyError
-from app.http.errors import proxy_error_handler, unexpected_error_handler
+from inflight.errors import ProxyError
+from inflight.http.errors import proxy_error_handler, unexpected_error_handler
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.compaction.policy import MAX_CONTEXT_LIMIT
-from app.strategies import STRATEGIES
+from inflight.compaction.policy import MAX_CONTEXT_LIMIT
+from inflight.strategies import STRATEGIES
 
 JSONSchema = dict[str, Any]
 

@@ -3,7 +3,7 @@ compacting route documents (its body, the control headers, its answers and error
 
 from __future__ import annotations
 
-from app.http.openapi import COMPACTION, CONTROL_HEADERS, JSONSchema, errors, json_content
+from inflight.http.openapi import COMPACTION, CONTROL_HEADERS, JSONSchema, errors, json_content
 
 MESSAGE: JSONSchema = {
     "type": "object",

@@ -8,18 +8,18 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from app.compaction.service import CompactionService
-from app.errors import Unauthorized
-from app.http.auth import KeyChecker
-from app.http.readiness import Readiness
-from app.proxy.passthrough import PassthroughService
-from app.proxy.service import ApiService
-from app.proxy.upstream import Upstream
-from app.settings import Settings
-from app.tokens.counter import ChatTokenCounter
-from app.usage.ledger import Ledger
-from app.usage.metrics import Metrics
-from app.usage.records import UsageQueue, UsageStore
+from inflight.compaction.service import CompactionService
+from inflight.errors import Unauthorized
+from inflight.http.auth import KeyChecker
+from inflight.http.readiness import Readiness
+from inflight.proxy.passthrough import PassthroughService
+from inflight.proxy.service import ApiService
+from inflight.proxy.upstream import Upstream
+from inflight.settings import Settings
+from inflight.tokens.counter import ChatTokenCounter
+from inflight.usage.ledger import Ledger
+from inflight.usage.metrics import Metrics
+from inflight.usage.records import UsageQueue, UsageStore
 
 
 @dataclass(slots=True)

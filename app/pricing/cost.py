@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.pricing.table import BaselineRules, Caching, ModelPrice
+from inflight.pricing.table import BaselineRules, Caching, ModelPrice
 
 PER_MILLION = 1_000_000
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from app.lru import BoundedLRU
+from inflight.lru import BoundedLRU
 
 _HEAD_ROLES = frozenset({"system", "developer"})
 

@@ -13,10 +13,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from app.pricing.cost import Billed, baseline_billed, dollars
-from app.pricing.history import PromptHistory, conversation_items, conversation_key
-from app.pricing.table import ModelPrice, PriceTable
-from app.usage.records import UsageRecord
+from inflight.pricing.cost import Billed, baseline_billed, dollars
+from inflight.pricing.history import PromptHistory, conversation_items, conversation_key
+from inflight.pricing.table import ModelPrice, PriceTable
+from inflight.usage.records import UsageRecord
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
-from app.lru import BoundedLRU
+from inflight.lru import BoundedLRU
 
 MEMO_SIZE = 4096  # model names whose lookup is remembered
 

@@ -11,18 +11,18 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
-from app.errors import ProxyError
-from app.proxy.restore import Dialect
-from app.proxy.reuse import Reused
-from app.proxy.sse_tap import EventEdit, Usage
-from app.settings import ContextEditsMode
-from app.usage.records import Outcome
+from inflight.errors import ProxyError
+from inflight.proxy.restore import Dialect
+from inflight.proxy.reuse import Reused
+from inflight.proxy.sse_tap import EventEdit, Usage
+from inflight.settings import ContextEditsMode
+from inflight.usage.records import Outcome
 
 if TYPE_CHECKING:
-    from app.compaction.compacted import Compacted
-    from app.compaction.context_edits import EditedBody
-    from app.compaction.formats import WireFormat
-    from app.compaction.summary.prompt import SummaryUsage
+    from inflight.compaction.compacted import Compacted
+    from inflight.compaction.context_edits import EditedBody
+    from inflight.compaction.formats import WireFormat
+    from inflight.compaction.summary.prompt import SummaryUsage
 
 # (bytes to forward, the parsed body) -> (bytes asking for stream usage, cut the usage chunk)
 StreamUsage = Callable[[bytes, Mapping[str, Any]], tuple[bytes, bool]]

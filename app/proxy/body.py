@@ -12,9 +12,9 @@ import anyio
 import orjson
 from starlette.requests import ClientDisconnect, Request
 
-from app.credentials import CREDENTIAL_HEADERS
-from app.errors import BadRequest, InvalidJSON, PayloadTooLarge, ProxyError
-from app.proxy.reuse import Reused
+from inflight.credentials import CREDENTIAL_HEADERS
+from inflight.errors import BadRequest, InvalidJSON, PayloadTooLarge, ProxyError
+from inflight.proxy.reuse import Reused
 
 logger = logging.getLogger(__name__)
 
@@ -92,9 +92,10 @@ async def limited_stream(request: Request, limit: int) -> AsyncIterator[bytes]:
 def body_owner(request: Request) -> bytes:
     """Whose body `request` carries, for what is remembered to parse the next one
     (app/proxy/reuse.py): a full-length hash of its route and every credential header it sent
-    (`app.credentials.CREDENTIAL_HEADERS`: Authorization of any scheme, x-api-key, api-key; each
-    with its value, in order), whether or not the proxy checks keys. Not `client_identity`:
-    that is a short id for records. Requests without any credential share one per route."""
+    (`inflight.credentials.CREDENTIAL_HEADERS`: Authorization of any scheme, x-api-key,
+    api-key; each with its value, in order), whether or not the proxy checks keys. Not
+    `client_identity`: that is a short id for records. Requests without any credential share
+    one per route."""
     digest = hashlib.blake2b(request.scope["path"].encode(), digest_size=32)
     for name, value in request.scope["headers"]:
         name = name.lower()

@@ -12,13 +12,13 @@ from typing import Any, Literal
 import anyio
 import orjson
 
-from app.compaction.summary.stats import SummaryStats
-from app.errors import UpstreamTimeout, UpstreamUnavailable
-from app.lru import BoundedLRU
-from app.proxy.headers import filter_request_headers
-from app.proxy.sse_tap import Usage
-from app.proxy.upstream import Upstream, read_all
-from app.windows.table import Route
+from inflight.compaction.summary.stats import SummaryStats
+from inflight.errors import UpstreamTimeout, UpstreamUnavailable
+from inflight.lru import BoundedLRU
+from inflight.proxy.headers import filter_request_headers
+from inflight.proxy.sse_tap import Usage
+from inflight.proxy.upstream import Upstream, read_all
+from inflight.windows.table import Route
 
 logger = logging.getLogger(__name__)
 
@@ -254,7 +254,7 @@ def _sender(
 ) -> Send:
     """One bounded POST of a JSON body: (status, body bytes); transport failures and the
     deadline become `SummaryFailed`."""
-    from app.compaction.summary.prompt import SummaryFailed
+    from inflight.compaction.summary.prompt import SummaryFailed
 
     headers = [*headers, ("content-type", "application/json")]
 

@@ -17,15 +17,15 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from app.compaction.context_edits import EditedBody, apply_edits
-from app.compaction.formats.messages import MessagesFormat
-from app.errors import ProxyError
-from app.proxy.api import Api
-from app.proxy.body import check_model_rest
-from app.proxy.responses import parse_responses_body
-from app.proxy.restore_messages import MessagesDialect
-from app.proxy.sse_tap import EventEdit, Usage
-from app.settings import ContextEditsMode
+from inflight.compaction.context_edits import EditedBody, apply_edits
+from inflight.compaction.formats.messages import MessagesFormat
+from inflight.errors import ProxyError
+from inflight.proxy.api import Api
+from inflight.proxy.body import check_model_rest
+from inflight.proxy.responses import parse_responses_body
+from inflight.proxy.restore_messages import MessagesDialect
+from inflight.proxy.sse_tap import EventEdit, Usage
+from inflight.settings import ContextEditsMode
 
 # Anthropic's error types by status (https://docs.anthropic.com/en/api/errors).
 ERROR_TYPES = {

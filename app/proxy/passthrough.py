@@ -12,14 +12,14 @@ from collections.abc import Callable
 from starlette.requests import Request
 from starlette.responses import Response
 
-from app.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
-from app.proxy.body import limited_stream
-from app.proxy.headers import filter_request_headers, filter_response_headers
-from app.proxy.recording import passthrough_record, passthrough_route
-from app.proxy.relay import RelayResponse, RelayResult
-from app.proxy.upstream import Upstream
-from app.settings import Settings
-from app.usage.records import Outcome, UsageRecord
+from inflight.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
+from inflight.proxy.body import limited_stream
+from inflight.proxy.headers import filter_request_headers, filter_response_headers
+from inflight.proxy.recording import passthrough_record, passthrough_route
+from inflight.proxy.relay import RelayResponse, RelayResult
+from inflight.proxy.upstream import Upstream
+from inflight.settings import Settings
+from inflight.usage.records import Outcome, UsageRecord
 
 Recorder = Callable[[UsageRecord], None]
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import time
 import uuid
 
-from app.compaction.summary.prompt import SummaryUsage
-from app.proxy.api import Exchange
-from app.proxy.sse_tap import Usage
-from app.usage.records import OneRound, Outcome, UsageRecord
+from inflight.compaction.summary.prompt import SummaryUsage
+from inflight.proxy.api import Exchange
+from inflight.proxy.sse_tap import Usage
+from inflight.usage.records import OneRound, Outcome, UsageRecord
 
 # Passthrough requests are counted per API (the first path segment after `/v1`); any other
 # segment is `other`, so a client inventing paths cannot grow the stats or the metric labels.

@@ -27,10 +27,10 @@ import httpx
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from app.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
-from app.proxy.sse_tap import SSETap
-from app.proxy.upstream import public_url, translate
-from app.usage.records import Outcome
+from inflight.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
+from inflight.proxy.sse_tap import SSETap
+from inflight.proxy.upstream import public_url, translate
+from inflight.usage.records import Outcome
 
 logger = logging.getLogger(__name__)
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.compaction.formats.responses import ResponsesFormat
-from app.proxy.api import Api
-from app.proxy.body import check_model_rest, check_stream, parse_model_body
-from app.proxy.restore_responses import ResponsesDialect
+from inflight.compaction.formats.responses import ResponsesFormat
+from inflight.proxy.api import Api
+from inflight.proxy.body import check_model_rest, check_stream, parse_model_body
+from inflight.proxy.restore_responses import ResponsesDialect
 
 
 def parse_responses_body(raw: bytes) -> dict[str, Any]:

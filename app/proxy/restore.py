@@ -29,14 +29,14 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 import anyio
 import orjson
 
-from app.compaction.refs import REF_SUFFIX_RE
-from app.proxy.sse_tap import EventEdit, SSETap, Usage
-from app.proxy.upstream import read_all
+from inflight.compaction.refs import REF_SUFFIX_RE
+from inflight.proxy.sse_tap import EventEdit, SSETap, Usage
+from inflight.proxy.upstream import read_all
 
 if TYPE_CHECKING:
     import httpx
 
-    from app.compaction.compacted import Compacted
+    from inflight.compaction.compacted import Compacted
 
 TOOL_NAME = "inflight_restore"
 MAX_ROUNDS = 3  # upstream requests per client request; the last one does not offer the tool

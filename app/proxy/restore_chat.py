@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from app.proxy.restore import (
+from inflight.proxy.restore import (
     DESCRIPTION,
     NO_ANSWER,
     PARAMETERS,
@@ -16,7 +16,7 @@ from app.proxy.restore import (
     hashable,
     names_tool,
 )
-from app.proxy.sse_tap import Usage
+from inflight.proxy.sse_tap import Usage
 
 
 def _message(answer: Any) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from app.proxy.restore import (
+from inflight.proxy.restore import (
     DESCRIPTION,
     NO_ANSWER,
     PARAMETERS,
@@ -20,7 +20,7 @@ from app.proxy.restore import (
     hashable,
     names_tool,
 )
-from app.proxy.sse_tap import ANTHROPIC_COUNTS, Usage, anthropic_counts
+from inflight.proxy.sse_tap import ANTHROPIC_COUNTS, Usage, anthropic_counts
 
 THINKING = ("thinking", "redacted_thinking")  # signed: passed back as they came
 KEPT = (*THINKING, "text")  # blocks the appended turn keeps

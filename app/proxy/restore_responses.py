@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from app.proxy.restore import (
+from inflight.proxy.restore import (
     DESCRIPTION,
     NO_ANSWER,
     PARAMETERS,
@@ -17,7 +17,7 @@ from app.proxy.restore import (
     dicts_in,
     names_tool,
 )
-from app.proxy.sse_tap import Usage, without_tool
+from inflight.proxy.sse_tap import Usage, without_tool
 
 CARRIED = ("reasoning",)  # output items a restore turn passes back with its calls
 

@@ -20,8 +20,8 @@ from typing import Any
 import httpx
 import orjson
 
-from app.proxy.restore import Dialect, Kind, RestoreLoop, Send, follow_json
-from app.proxy.upstream import upstream_errors
+from inflight.proxy.restore import Dialect, Kind, RestoreLoop, Send, follow_json
+from inflight.proxy.upstream import upstream_errors
 
 
 @dataclass(slots=True)

@@ -70,7 +70,7 @@ class ParsedBodies:
     without serialising it (`_combined`); anything else is parsed in full. Equal to
     `orjson.loads` on every input: tests/test_reuse_differential.py checks it.
 
-    Remembered bodies are found by their owner (`app.proxy.body.body_owner`: a hash of the
+    Remembered bodies are found by their owner (`inflight.proxy.body.body_owner`: a hash of the
     client's credentials and route, so nothing one client sent is reused for another) and
     first bytes, among the few sharing
     them by the longest match; bounded in bodies and bytes, least recently used first out.

@@ -21,23 +21,30 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from app.compaction.context_edits import CONTEXT_MANAGEMENT_BETA
-from app.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
-from app.proxy.api import Api, Exchange
-from app.proxy.body import ClientGone, body_owner, read_body
-from app.proxy.headers import filter_request_headers, filter_response_headers, without_beta
-from app.proxy.relay import RelayResponse, RelayResult, buffered_response
-from app.proxy.restore import Receive, RestoreLoop, Send, offer, restore_headers, unless_hung_up
-from app.proxy.restore_stream import follow
-from app.proxy.reuse import ParsedBodies, Reused
-from app.proxy.sse_tap import SSETap, Usage
-from app.proxy.upstream import Upstream, read_all
-from app.settings import Settings
+from inflight.compaction.context_edits import CONTEXT_MANAGEMENT_BETA
+from inflight.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
+from inflight.proxy.api import Api, Exchange
+from inflight.proxy.body import ClientGone, body_owner, read_body
+from inflight.proxy.headers import filter_request_headers, filter_response_headers, without_beta
+from inflight.proxy.relay import RelayResponse, RelayResult, buffered_response
+from inflight.proxy.restore import (
+    Receive,
+    RestoreLoop,
+    Send,
+    offer,
+    restore_headers,
+    unless_hung_up,
+)
+from inflight.proxy.restore_stream import follow
+from inflight.proxy.reuse import ParsedBodies, Reused
+from inflight.proxy.sse_tap import SSETap, Usage
+from inflight.proxy.upstream import Upstream, read_all
+from inflight.settings import Settings
 
 if TYPE_CHECKING:
     import httpx
 
-    from app.compaction.service import CompactionService
+    from inflight.compaction.service import CompactionService
 
 logger = logging.getLogger(__name__)
 

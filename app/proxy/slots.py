@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import time
 
-from app.lru import BoundedLRU
-from app.windows.discovery import JsonFetcher, server_root
+from inflight.lru import BoundedLRU
+from inflight.windows.discovery import JsonFetcher, server_root
 
 SERVERS = 256  # servers remembered
 RECHECK = 600.0  # seconds before a server is asked again

@@ -18,9 +18,9 @@ from urllib.parse import quote, unquote
 import httpx
 import orjson
 
-from app.errors import BadRequest, UpstreamTimeout, UpstreamUnavailable
-from app.settings import Settings
-from app.windows.table import Route
+from inflight.errors import BadRequest, UpstreamTimeout, UpstreamUnavailable
+from inflight.settings import Settings
+from inflight.windows.table import Route
 
 logger = logging.getLogger(__name__)
 

@@ -27,17 +27,17 @@ from typing import Any, Protocol
 
 import orjson
 
-from app.jsontext import HistoryTexts
-from app.tokens.calibration import (
+from inflight.jsontext import HistoryTexts
+from inflight.tokens.calibration import (
     EXACT_BOUNDS,
     HEURISTIC_BOUNDS,
     Calibration,
     Correction,
     Observation,
 )
-from app.tokens.encodings import EncodingSet, bare_model
-from app.tokens.prefixes import Prefix, Prefixes
-from app.tokens.raw_counts import ModelEncodings, RawCounter
+from inflight.tokens.encodings import EncodingSet, bare_model
+from inflight.tokens.prefixes import Prefix, Prefixes
+from inflight.tokens.raw_counts import ModelEncodings, RawCounter
 
 
 class TokenCounter(Protocol):

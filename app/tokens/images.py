@@ -10,7 +10,7 @@ import struct
 from collections.abc import Mapping
 from typing import Any
 
-from app.tokens.encodings import bare_model
+from inflight.tokens.encodings import bare_model
 
 # Images (OpenAI's rule): `low` costs the base; `high`/`auto` the base plus one tile per 512 px
 # square after fitting into 2048 px and scaling the short side to 768 px. The size is read from

@@ -7,8 +7,8 @@ from array import array
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from app.jsontext import HistoryTexts
-from app.tokens.calibration import Correction
+from inflight.jsontext import HistoryTexts
+from inflight.tokens.calibration import Correction
 
 PREFIX_SLOTS = 8  # conversations whose last request is remembered (each its bytes and counts)
 PREFIX_BYTES = 32 * 1024 * 1024  # at most this many bytes of them in all

@@ -13,9 +13,9 @@ from typing import Any, Protocol
 
 import orjson
 
-from app.tokens.encodings import EncodingSet, bare_model, family_encoding
-from app.tokens.heuristic import heuristic_tokens
-from app.tokens.images import image_tokens
+from inflight.tokens.encodings import EncodingSet, bare_model, family_encoding
+from inflight.tokens.heuristic import heuristic_tokens
+from inflight.tokens.images import image_tokens
 
 PER_MESSAGE = 3
 PER_NAME = 1

@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
-from app.errors import NotFound
-from app.settings import LedgerMode
+from inflight.errors import NotFound
+from inflight.settings import LedgerMode
 
 if TYPE_CHECKING:
-    from app.compaction.compacted import Compacted
-    from app.compaction.cuts import Cut
-    from app.usage.records import UsageQueue, UsageStore
+    from inflight.compaction.compacted import Compacted
+    from inflight.compaction.cuts import Cut
+    from inflight.usage.records import UsageQueue, UsageStore
 
 
 class Ledgered(Protocol):

@@ -16,9 +16,9 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from app.compaction.summary.stats import SummaryStats
-from app.usage.labels import OTHER, ModelLabels
-from app.usage.records import UsageRecord, api_of
+from inflight.compaction.summary.stats import SummaryStats
+from inflight.usage.labels import OTHER, ModelLabels
+from inflight.usage.records import UsageRecord, api_of
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 

@@ -19,10 +19,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from app.usage.ledger import LedgerRow
+from inflight.usage.ledger import LedgerRow
 
 if TYPE_CHECKING:
-    from app.usage.stores.spill import SpillFile
+    from inflight.usage.stores.spill import SpillFile
 
 logger = logging.getLogger(__name__)
 

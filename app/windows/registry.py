@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from app.flight import SingleFlight
-from app.lru import BoundedLRU
-from app.windows.table import ModelTable
+from inflight.flight import SingleFlight
+from inflight.lru import BoundedLRU
+from inflight.windows.table import ModelTable
 
 logger = logging.getLogger(__name__)
 SILENT_QUORUM = 3  # distinct clients whose silent cuts make a window everyone's
@@ -213,7 +213,7 @@ class WindowRegistry:
     ) -> Window:
         """The window from what is known without asking the upstream (all the CLI has).
         `betas`: the request's `anthropic-beta` flags (a table entry may unlock more with one);
-        `client`: who asks (`app.credentials.client_identity`; its own silent cuts apply)."""
+        `client`: who asks (`inflight.credentials.client_identity`; its own silent cuts apply)."""
         entry = self._table.lookup(model)
         key = (base_url, model)
         found = (self._learned.get(key), self._silent_window(key, client))

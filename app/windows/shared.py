@@ -22,8 +22,8 @@ from typing import Any, Literal, Protocol
 
 import orjson
 
-from app.tokens.calibration import Calibration, Observed
-from app.windows.registry import WindowLearned, WindowRegistry
+from inflight.tokens.calibration import Calibration, Observed
+from inflight.windows.registry import WindowLearned, WindowRegistry
 
 logger = logging.getLogger(__name__)
 PREFIX = "inflight:learned:"

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import logging
 
-from app.settings import redact_url
-from app.windows.registry import WindowRegistry
+from inflight.settings import redact_url
+from inflight.windows.registry import WindowRegistry
 
 logger = logging.getLogger(__name__)
 SILENT_SHARE = 0.70  # reported < this share of the estimate: the upstream did not see it all

@@ -14,8 +14,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, PrivateAttr, ValidationError
 
-from app.lru import BoundedLRU
-from app.tokens.encodings import EncodingName, bare_model
+from inflight.lru import BoundedLRU
+from inflight.tokens.encodings import EncodingName, bare_model
 
 RESERVE_SHARE = 0.16
 RESERVE_MIN, RESERVE_MAX = 1024, 32768

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, get_args
 
-from app.compaction.formats import ApiName
-from app.errors import InvalidControl
+from inflight.compaction.formats import ApiName
+from inflight.errors import InvalidControl
 
 FORMAT_HEADER = "X-Compaction-Format"
 ANTHROPIC_BLOCKS = frozenset({"tool_use", "tool_result", "thinking", "redacted_thinking"})

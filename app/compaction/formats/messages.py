@@ -14,11 +14,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from app.compaction.formats import ApiName, Conversation
-from app.compaction.formats.messages_render import render_messages
-from app.compaction.formats.messages_rules import problems
-from app.compaction.formats.messages_view import MessagesConversation, build_view
-from app.errors import BadRequest
+from inflight.compaction.formats import ApiName, Conversation
+from inflight.compaction.formats.messages_render import render_messages
+from inflight.compaction.formats.messages_rules import problems
+from inflight.compaction.formats.messages_view import MessagesConversation, build_view
+from inflight.errors import BadRequest
 
 FIXED_FIELDS = ("system", "tools", "tool_choice")
 

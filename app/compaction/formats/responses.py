@@ -42,8 +42,8 @@ from typing import Any
 
 import orjson
 
-from app.compaction.formats import ApiName, Conversation
-from app.errors import BadRequest
+from inflight.compaction.formats import ApiName, Conversation
+from inflight.errors import BadRequest
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from app.compaction.rendering import Plan
-from app.compaction.unit_costs import MessageCounter
+from inflight.compaction.rendering import Plan
+from inflight.compaction.unit_costs import MessageCounter
 
 # The plan of a history priced by a count function, with every other input of the request's
 # own plan (so that the prediction is the plan the event will get, and resumes the replay the

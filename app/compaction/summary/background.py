@@ -21,10 +21,10 @@ from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any
 
-from app.compaction.summary.cache import SummaryBusy
-from app.compaction.summary.prompt import SummaryFailed, SummaryUsage
-from app.compaction.summary.rolling import Summaries, SummaryJob
-from app.compaction.summary.stats import CountedCompleter, SummaryStats
+from inflight.compaction.summary.cache import SummaryBusy
+from inflight.compaction.summary.prompt import SummaryFailed, SummaryUsage
+from inflight.compaction.summary.rolling import Summaries, SummaryJob
+from inflight.compaction.summary.stats import CountedCompleter, SummaryStats
 
 logger = logging.getLogger(__name__)
 

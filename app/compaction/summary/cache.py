@@ -14,9 +14,9 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
-from app.compaction.summary.prompt import SummaryFailed
-from app.flight import SingleFlight
-from app.lru import BoundedLRU
+from inflight.compaction.summary.prompt import SummaryFailed
+from inflight.flight import SingleFlight
+from inflight.lru import BoundedLRU
 
 PREFIX = "inflight:summary:"
 RELEASE_IF_OWNER = """

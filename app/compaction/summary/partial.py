@@ -21,8 +21,8 @@ from typing import Any
 
 import orjson
 
-from app.compaction.rendering import Plan
-from app.compaction.unit_costs import MessageCounter
+from inflight.compaction.rendering import Plan
+from inflight.compaction.unit_costs import MessageCounter
 
 RECORD = ":stand-in"  # the suffix of the key the choice for a span is recorded under
 

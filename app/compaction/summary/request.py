@@ -15,23 +15,23 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from app.compaction.formats import ApiName
-from app.compaction.offload import offload
-from app.compaction.policy import Budget
-from app.compaction.rendering import Plan
-from app.compaction.report import SummaryState
-from app.compaction.summary.ahead import Replan, next_events
-from app.compaction.summary.background import BackgroundSummaries
-from app.compaction.summary.partial import OWN, Chosen, covered
-from app.compaction.summary.prompt import Completer, SummaryFailed
-from app.compaction.summary.rolling import Summaries, SummaryJob, boundary_keys
-from app.compaction.summary.stats import count_fallback
-from app.compaction.unit_costs import MessageCounter
-from app.compaction.units import head_end
-from app.lru import BoundedLRU
-from app.settings import Settings
-from app.tokens.counter import TokenCounter
-from app.windows.registry import WindowRegistry
+from inflight.compaction.formats import ApiName
+from inflight.compaction.offload import offload
+from inflight.compaction.policy import Budget
+from inflight.compaction.rendering import Plan
+from inflight.compaction.report import SummaryState
+from inflight.compaction.summary.ahead import Replan, next_events
+from inflight.compaction.summary.background import BackgroundSummaries
+from inflight.compaction.summary.partial import OWN, Chosen, covered
+from inflight.compaction.summary.prompt import Completer, SummaryFailed
+from inflight.compaction.summary.rolling import Summaries, SummaryJob, boundary_keys
+from inflight.compaction.summary.stats import count_fallback
+from inflight.compaction.unit_costs import MessageCounter
+from inflight.compaction.units import head_end
+from inflight.lru import BoundedLRU
+from inflight.settings import Settings
+from inflight.tokens.counter import TokenCounter
+from inflight.windows.registry import WindowRegistry
 
 # (summary model, the client's headers, the client's API) -> where summaries are asked
 CompleterFactory = Callable[[str, Mapping[str, str], ApiName], Completer]

@@ -24,11 +24,11 @@ from typing import Any
 
 import orjson
 
-from app.compaction.facts import guarded
-from app.compaction.rendering import Plan, render_span
-from app.compaction.summary.cache import SummaryFlight
-from app.compaction.summary.partial import Chosen, record_key
-from app.compaction.summary.prompt import (
+from inflight.compaction.facts import guarded
+from inflight.compaction.rendering import Plan, render_span
+from inflight.compaction.summary.cache import SummaryFlight
+from inflight.compaction.summary.partial import Chosen, record_key
+from inflight.compaction.summary.prompt import (
     Completer,
     SummaryFailed,
     SummaryPrompt,
@@ -36,7 +36,7 @@ from app.compaction.summary.prompt import (
     chunk_transcript,
     parse_summary,
 )
-from app.lru import BoundedLRU
+from inflight.lru import BoundedLRU
 
 TextCounter = Callable[[str], int]
 

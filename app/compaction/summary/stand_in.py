@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from app.compaction.engine import OMITTED_NOTE, CompactionResult
-from app.compaction.policy import Budget
-from app.compaction.unit_costs import MessageCounter
-from app.strategies import StrategyName
+from inflight.compaction.engine import OMITTED_NOTE, CompactionResult
+from inflight.compaction.policy import Budget
+from inflight.compaction.unit_costs import MessageCounter
+from inflight.strategies import StrategyName
 
 OMITTED = OMITTED_NOTE
 

@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.compaction.summary.prompt import Completer, SummaryFailed
-from app.errors import UpstreamTimeout, UpstreamUnavailable
+from inflight.compaction.summary.prompt import Completer, SummaryFailed
+from inflight.errors import UpstreamTimeout, UpstreamUnavailable
 
 
 @dataclass(slots=True)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from app.http import openapi_chat
-from app.http.state import api_client, app_state
+from inflight.http import openapi_chat
+from inflight.http.state import api_client, app_state
 
 router = APIRouter()
 

@@ -7,14 +7,14 @@ from typing import Any, NoReturn
 from fastapi import APIRouter, Request
 from starlette.exceptions import HTTPException
 
-from app.compaction.compacted import HISTORY_PARAM
-from app.compaction.formats import ApiName
-from app.compaction.formats.detect import detect_api
-from app.compaction.report import Preview, count_report, preview_report
-from app.http import openapi_compaction
-from app.http.routes.passthrough import METHODS
-from app.http.state import ClientKey, State
-from app.proxy.body import parse_model_body, read_body
+from inflight.compaction.compacted import HISTORY_PARAM
+from inflight.compaction.formats import ApiName
+from inflight.compaction.formats.detect import detect_api
+from inflight.compaction.report import Preview, count_report, preview_report
+from inflight.http import openapi_compaction
+from inflight.http.routes.passthrough import METHODS
+from inflight.http.state import ClientKey, State
+from inflight.proxy.body import parse_model_body, read_body
 
 router = APIRouter()
 

@@ -13,10 +13,10 @@ from fastapi import APIRouter, Request
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
-from app.dashboard.assets import DashboardAssets
-from app.errors import BadRequest
-from app.http import openapi
-from app.http.state import ClientKey, State
+from inflight.dashboard.assets import DashboardAssets
+from inflight.errors import BadRequest
+from inflight.http import openapi
+from inflight.http.state import ClientKey, State
 
 # The page runs only its own script and talks only to this origin.
 SECURITY_HEADERS = {

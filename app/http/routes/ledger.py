@@ -8,9 +8,9 @@ from fastapi import APIRouter
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
-from app.http import openapi_compaction
-from app.http.routes.passthrough import METHODS
-from app.http.state import ClientKey, State
+from inflight.http import openapi_compaction
+from inflight.http.routes.passthrough import METHODS
+from inflight.http.state import ClientKey, State
 
 router = APIRouter()
 PATH = "/v1/compaction/ledger/{ledger_id:path}"

@@ -8,8 +8,8 @@ from typing import Any
 from fastapi import APIRouter
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-from app.http import openapi
-from app.http.state import ClientKey, State
+from inflight.http import openapi
+from inflight.http.state import ClientKey, State
 
 router = APIRouter()
 

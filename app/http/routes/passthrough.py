@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from app.http.state import ClientKey, State
+from inflight.http.state import ClientKey, State
 
 router = APIRouter()
 

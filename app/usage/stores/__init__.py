@@ -5,21 +5,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from app.usage.records import UsageStore
-from app.usage.stores.spill import SpillFile
+from inflight.usage.records import UsageStore
+from inflight.usage.stores.spill import SpillFile
 
 
 def open_store(url: str) -> UsageStore:
     if url == "none":
-        from app.usage.stores.null import NullStore
+        from inflight.usage.stores.null import NullStore
 
         return NullStore()
     if url.startswith("sqlite:///"):
-        from app.usage.stores.sqlite import SQLiteStore
+        from inflight.usage.stores.sqlite import SQLiteStore
 
         return SQLiteStore(url)
     if url.startswith(("postgresql://", "postgres://")):
-        from app.usage.stores.postgres import PostgresStore
+        from inflight.usage.stores.postgres import PostgresStore
 
         return PostgresStore(url)
     raise ValueError(f"unsupported database URL scheme: {url.split(':', 1)[0]}")

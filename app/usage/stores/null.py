@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from app.usage.costs import add_costs
-from app.usage.ledger import LedgerRow
-from app.usage.records import UsageRecord
-from app.usage.stores.sql import activity, summarize
+from inflight.usage.costs import add_costs
+from inflight.usage.ledger import LedgerRow
+from inflight.usage.records import UsageRecord
+from inflight.usage.stores.sql import activity, summarize
 
 
 class NullStore:

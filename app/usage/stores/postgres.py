@@ -14,11 +14,11 @@ from typing import Any
 
 import psycopg
 
-from app.errors import StoreUnavailable
-from app.usage.costs import add_costs
-from app.usage.ledger import LedgerRow
-from app.usage.records import UsageRecord
-from app.usage.stores import sql
+from inflight.errors import StoreUnavailable
+from inflight.usage.costs import add_costs
+from inflight.usage.ledger import LedgerRow
+from inflight.usage.records import UsageRecord
+from inflight.usage.stores import sql
 
 CONNECT_TIMEOUT = 5  # seconds; a database that does not answer is unavailable, not awaited
 

@@ -13,9 +13,9 @@ from typing import Any
 
 import orjson
 
-from app.usage.ledger import LedgerRow
-from app.usage.records import Item, UsageRecord
-from app.usage.stores.sql import COLUMNS
+from inflight.usage.ledger import LedgerRow
+from inflight.usage.records import Item, UsageRecord
+from inflight.usage.stores.sql import COLUMNS
 
 logger = logging.getLogger(__name__)
 

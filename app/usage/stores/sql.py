@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from app.usage.ledger import LedgerRow
-from app.usage.records import APIS, UsageRecord, api_of
+from inflight.usage.ledger import LedgerRow
+from inflight.usage.records import APIS, UsageRecord, api_of
 
 SCHEMA_VERSION = 5
 

@@ -9,11 +9,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from app.errors import StoreUnavailable
-from app.usage.costs import add_costs
-from app.usage.ledger import LedgerRow
-from app.usage.records import UsageRecord
-from app.usage.stores import sql
+from inflight.errors import StoreUnavailable
+from inflight.usage.costs import add_costs
+from inflight.usage.ledger import LedgerRow
+from inflight.usage.records import UsageRecord
+from inflight.usage.stores import sql
 
 
 class SQLiteStore:

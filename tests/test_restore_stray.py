@@ -160,6 +160,6 @@ async def test_a_stream_that_starts_with_text_never_shows_a_restore_call(
     assert stop in (None, STOPS.get(route, ("", ""))[1])
 
 
-def test_the_readme_quotes_the_no_answer_text() -> None:
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    assert f"`{NO_ANSWER}`" in readme
+def test_the_docs_quote_the_no_answer_text() -> None:
+    docs = (Path(__file__).parent.parent / "docs" / "nothing-lost.md").read_text()
+    assert f"`{NO_ANSWER}`" in docs

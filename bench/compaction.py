@@ -19,9 +19,11 @@ from typing import Any
 
 import orjson
 
+from inflight.cli.simulate import broken
+from inflight.cli.simulate import trim_messages as langchain_trim
 from inflight.compaction.engine import compact
 from inflight.compaction.policy import Budget
-from inflight.compaction.units import check_pair_safety, group_units, pinned_head
+from inflight.compaction.units import group_units, pinned_head
 from inflight.tokens.counter import ChatTokenCounter
 from inflight.tokens.encodings import load_encodings
 from tests.support import load_traces, request_points
@@ -58,42 +60,11 @@ def middle_out_every_request(messages: Messages, budget: int, count: Counter) ->
     return _fit_by_units(messages, budget, count, middle=True)
 
 
-def langchain_trim(messages: Messages, budget: int, count: Counter) -> Messages:
-    """`trim_messages(strategy="last", include_system=True, start_on="human")`-like: newest
-    messages that fit, by message; then a leading orphan tool result is removed."""
-    system = [m for m in messages[:1] if m.get("role") == "system"]
-    rest = messages[len(system) :]
-    total = sum(count(m) for m in system)
-    kept: list[Mapping[str, Any]] = []
-    for m in reversed(rest):
-        if total + count(m) > budget:
-            break
-        kept.insert(0, m)
-        total += count(m)
-    while kept and kept[0].get("role") != "user":  # start_on="human"
-        kept.pop(0)
-    return system + kept
-
-
 def inflight_auto(budget: Budget, count: Counter) -> Callable[[Messages], Messages]:
     def run(messages: Messages) -> Messages:
         return compact(messages, ("truncate", "prune", "trim"), budget, count, 0).messages
 
     return run
-
-
-def broken(request: Messages, out: Messages, budget: int, count: Counter) -> bool:
-    """The output lost the current turn, orphans a tool result, or does not fit."""
-    last, kept = request[-1], out[-1] if out else {}
-    same_turn = (
-        kept == last
-        or (  # the current tool output may be truncated, never dropped
-            kept.get("role") == last.get("role")
-            and kept.get("tool_call_id") == last.get("tool_call_id")
-            and str(kept.get("content"))[:200] == str(last.get("content"))[:200]
-        )
-    )
-    return not same_turn or bool(check_pair_safety(out)) or sum(count(m) for m in out) > budget
 
 
 def replay(

@@ -50,6 +50,30 @@ def test_simulate_prints_each_turn_and_plots(
     assert png.stat().st_size > 5000
 
 
+def test_simulate_compares_with_re_trimming_every_request(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`--compare` on a shipped agent transcript: inflight never breaks a request and moves its
+    cut at few events; LangChain's `trim_messages` (newest messages, from a user turn) loses the
+    current turn of most requests (the agent's only user message is the first); keeping the
+    newest units keeps pairs but moves the cut far more often."""
+    trace = Path(__file__).parent / "data" / "traces" / "mini_deepseek-chat_django__django-13265.json"
+    assert main(["simulate", str(trace), "--context-limit", "8192", "--compare"]) == 0
+    rows = {
+        m.group(1): (int(m.group(3)), int(m.group(4)), int(m.group(5)))
+        for m in re.finditer(
+            r"^(inflight auto|trim_messages|keep-newest)\s+(\d+)%\s+(\d+)\s+(\d+) of (\d+)$",
+            capsys.readouterr().out,
+            re.MULTILINE,
+        )
+    }
+    events, bad, requests = rows["inflight auto"]
+    assert bad == 0
+    assert rows["trim_messages"][1] > requests // 2
+    assert rows["keep-newest"][1] == 0
+    assert rows["keep-newest"][0] > 2 * events
+
+
 def test_simulate_rejects_an_unknown_strategy(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -213,6 +213,17 @@ def _simulate(args: argparse.Namespace) -> int:
         print(
             f"{len(turns)} requests, {events} compaction events (*), mean prefix reuse {mean:.0%}"
         )
+        if args.compare:
+            from inflight.cli.simulate import compare
+
+            print("\nagainst re-trimming every request (no summaries; a broken request lost its")
+            print("current turn, orphaned a tool call or result, or did not fit):")
+            print(f"{'':<15} {'reuse':>6} {'events':>7} {'broken':>7}")
+            for row in compare(messages, model, window, counter):
+                print(
+                    f"{row.name:<15} {row.reuse:>6.0%} {row.events:>7} "
+                    f"{row.broken:>4} of {row.requests}"
+                )
         if args.retention:
             from inflight.cli.retention import offline_table
 
@@ -330,6 +341,13 @@ def _add_simulate(sub: Any) -> None:
         help="auto, none, or a comma list of truncate, prune, trim, middle-out, summarize",
     )
     sim.add_argument("--config", help=_config_help())
+    sim.add_argument(
+        "--compare",
+        action="store_true",
+        help="also replay LangChain's/LiteLLM's trim_messages and keep-newest-units re-trimming "
+        "every request, and print prefix reuse, compaction events and broken requests beside "
+        "inflight's (default: off)",
+    )
     sim.add_argument(
         "--retention",
         action="store_true",

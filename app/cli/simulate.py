@@ -4,13 +4,14 @@ engine, offline, and report tokens before/after, what was applied and prefix reu
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from inflight.compaction.engine import compact
 from inflight.compaction.policy import Budget, resolve_pipeline
+from inflight.compaction.units import check_pair_safety, group_units, pinned_head
 from inflight.strategies import StrategyName
 from inflight.tokens.counter import TokenCounter
 from inflight.windows.table import output_reserve
@@ -117,3 +118,115 @@ def plot(turns_by_name: Mapping[str, Sequence[Turn]], window: int, out: Path) ->
     fig.tight_layout()
     fig.savefig(out, format="png")
     plt.close(fig)
+
+
+# --- baselines: what agent loops do instead (`simulate --compare`) ---------------------------
+
+Messages = Sequence[Mapping[str, Any]]
+Count = Callable[[Mapping[str, Any]], int]
+
+
+def trim_messages(messages: Messages, budget: int, count: Count) -> list[Mapping[str, Any]]:
+    """LangChain's `trim_messages(strategy="last", include_system=True, start_on="human")` (and
+    LiteLLM's `trim_messages`, which also keeps the newest messages that fit): the newest
+    messages that fit, by message, then from the first user message on."""
+    system = [m for m in messages[:1] if m.get("role") == "system"]
+    rest = messages[len(system) :]
+    total = sum(count(m) for m in system)
+    kept: list[Mapping[str, Any]] = []
+    for m in reversed(rest):
+        if total + count(m) > budget:
+            break
+        kept.insert(0, m)
+        total += count(m)
+    while kept and kept[0].get("role") != "user":  # start_on="human"
+        kept.pop(0)
+    return system + kept
+
+
+def keep_newest(messages: Messages, budget: int, count: Count) -> list[Mapping[str, Any]]:
+    """Drop the oldest whole units (a call with its results) until the prompt fits, every
+    request: pairs kept, but the cut moves with every turn."""
+    units = group_units(messages)
+    head = pinned_head(messages, units)
+    costs = [sum(count(m) for m in messages[u.start : u.end]) for u in units]
+    total = sum(costs)
+    kept = list(range(len(units)))
+    for i in range(head, len(units) - 1):
+        if total <= budget:
+            break
+        kept.remove(i)
+        total -= costs[i]
+    return [m for i in kept for m in messages[units[i].start : units[i].end]]
+
+
+def broken(request: Messages, out: Messages, budget: int, count: Count) -> bool:
+    """The output lost the current turn, orphans a tool result or a call, or does not fit."""
+    last, kept = request[-1], out[-1] if out else {}
+    same_turn = kept == last or (  # the current tool output may be truncated, never dropped
+        kept.get("role") == last.get("role")
+        and kept.get("tool_call_id") == last.get("tool_call_id")
+        and str(kept.get("content"))[:200] == str(last.get("content"))[:200]
+    )
+    return not same_turn or bool(check_pair_safety(out)) or sum(count(m) for m in out) > budget
+
+
+@dataclass(frozen=True, slots=True)
+class Compared:
+    """One way of fitting a transcript's requests, replayed: mean prefix reuse, compaction
+    events (prompts that do not extend the previous one), and broken requests."""
+
+    name: str
+    reuse: float
+    events: int
+    broken: int
+    requests: int
+
+
+def compare(
+    messages: Messages, model: str, window: int, counter: TokenCounter
+) -> list[Compared]:
+    """inflight's `auto` (without summaries, offline) beside the baselines, replayed request by
+    request, each judged the same way."""
+
+    def count(message: Mapping[str, Any]) -> int:
+        return counter.count_message(model, message)
+
+    body = {"model": model}
+    budget = Budget(window, output_reserve(body, window), 0.8, 0.5)
+    fixed = counter.count_fixed(model, body)
+    pipeline = resolve_pipeline(None, summarizer_available=False)
+
+    def inflight(request: Messages, _budget: int, _count: Count) -> list[Mapping[str, Any]]:
+        return list(compact(request, pipeline, budget, count, fixed).messages)
+
+    fits = {"inflight auto": inflight, "trim_messages": trim_messages, "keep-newest": keep_newest}
+    return [_replayed(name, fit, messages, budget.budget, count) for name, fit in fits.items()]
+
+
+def _replayed(
+    name: str,
+    fit: Callable[[Messages, int, Count], list[Mapping[str, Any]]],
+    messages: Messages,
+    budget: int,
+    count: Count,
+) -> Compared:
+    previous: list[Mapping[str, Any]] | None = None
+    shares: list[float] = []
+    events = failures = 0
+    points = request_points(messages)
+    for k in points:
+        out = fit(messages[:k], budget, count)
+        failures += broken(messages[:k], out, budget, count)
+        if previous is not None:
+            same = 0
+            for a, b in zip(previous, out, strict=False):
+                if a != b:
+                    break
+                same += 1
+            events += same < len(previous)
+            tokens = sum(count(m) for m in out)
+            shares.append(sum(count(m) for m in out[:same]) / max(1, tokens))
+        previous = out
+    reuse = sum(shares) / len(shares) if shares else 1.0
+    return Compared(name, reuse, events, failures, len(points))

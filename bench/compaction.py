@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from inflight.cli.simulate import broken
+from inflight.cli.simulate import broken, common_prefix
 from inflight.cli.simulate import trim_messages as langchain_trim
 from inflight.compaction.engine import compact
 from inflight.compaction.policy import Budget
@@ -80,11 +80,7 @@ def replay(
         failures += broken(messages[:k], out, budget, count)
         tokens = sum(count(m) for m in out)
         if previous is not None:
-            same = 0
-            for a, b in zip(previous, out, strict=False):
-                if a != b:
-                    break
-                same += 1
+            same = common_prefix(previous, out)
             if same < len(previous):
                 events += 1
             shares.append(sum(count(m) for m in out[:same]) / max(1, tokens))

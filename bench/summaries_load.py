@@ -21,6 +21,7 @@ import httpx
 import orjson
 
 from bench.procs import process, proxy_process
+from tests.conversations import planted
 from tests.support import free_port
 
 ANSWER_SECONDS = 0.1
@@ -32,26 +33,6 @@ MODES = {
     "before: the gate a wall (SUMMARY_IDLE_WAIT=600)": {"INFLIGHT_SUMMARY_IDLE_WAIT": "600"},
     f"after: bounded wait ({IDLE_WAIT:g} s)": {"INFLIGHT_SUMMARY_IDLE_WAIT": str(IDLE_WAIT)},
 }
-
-
-def planted(session: int, rounds: int = ROUNDS) -> tuple[list[dict[str, Any]], list[str]]:
-    """An agent session whose first ten tool outputs each plant one fact."""
-    facts = [f"FACT-{session:02x}{i:04x}" for i in range(10)]
-    messages: list[dict[str, Any]] = [
-        {"role": "system", "content": "You are a coding agent."},
-        {"role": "user", "content": f"Session {session}: fix the parser."},
-    ]
-    for i in range(rounds):
-        call = {
-            "id": f"call_{i}",
-            "type": "function",
-            "function": {"name": "bash", "arguments": f'{{"cmd": "step {i}"}}'},
-        }
-        fact = f" remember {facts[i]}." if i < len(facts) else ""
-        messages.append({"role": "assistant", "content": f"Step {i}.", "tool_calls": [call]})
-        output = f"output {i}{fact} " + "line " * 160
-        messages.append({"role": "tool", "tool_call_id": f"call_{i}", "content": output})
-    return messages, facts
 
 
 @contextmanager
@@ -67,7 +48,7 @@ def one_slot_upstream() -> Iterator[str]:
 
 def _session(base_url: str, session: int) -> float:
     """One session back to back; the share of its facts in its last forwarded prompt."""
-    messages, facts = planted(session)
+    messages, facts = planted(session, ROUNDS)
     last: list[Any] = []
     with httpx.Client(timeout=300) as client:
         for k in range(3, len(messages) + 1, 2):

@@ -240,3 +240,24 @@ def agent_session(rounds: int, words: int = 200) -> list[dict[str, Any]]:
         messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
         messages.append({"role": "tool", "tool_call_id": f"c{i}", "content": f"out {i} " * words})
     return messages
+
+
+def planted(session: int, rounds: int = 26) -> tuple[list[dict[str, Any]], list[str]]:
+    """An agent session whose first ten tool outputs each plant one fact (`FACT-…`), and
+    those facts (the summaries-under-load test and bench)."""
+    facts = [f"FACT-{session:02x}{i:04x}" for i in range(10)]
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": f"Session {session}: fix the parser."},
+    ]
+    for i in range(rounds):
+        call = {
+            "id": f"call_{i}",
+            "type": "function",
+            "function": {"name": "bash", "arguments": f'{{"cmd": "step {i}"}}'},
+        }
+        fact = f" remember {facts[i]}." if i < len(facts) else ""
+        messages.append({"role": "assistant", "content": f"Step {i}.", "tool_calls": [call]})
+        output = f"output {i}{fact} " + "line " * 160
+        messages.append({"role": "tool", "tool_call_id": f"call_{i}", "content": output})
+    return messages, facts

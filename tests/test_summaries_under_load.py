@@ -30,30 +30,11 @@ from inflight.factory import create_app
 from inflight.proxy.completers import reasoning_model
 from inflight.proxy.slots import UpstreamSlots
 from tests.conftest import make_settings
+from tests.conversations import planted
 
 pytestmark = pytest.mark.anyio
 FACT = re.compile(r"FACT-[0-9a-f]{6}")
 LIMIT = "3000"  # the window every session is compacted for
-
-
-def planted(session: int, rounds: int = 26) -> tuple[list[dict[str, Any]], list[str]]:
-    """An agent transcript whose first ten tool outputs each plant one fact."""
-    facts = [f"FACT-{session:02x}{i:04x}" for i in range(10)]
-    messages: list[dict[str, Any]] = [
-        {"role": "system", "content": "You are a coding agent."},
-        {"role": "user", "content": f"Session {session}: fix the parser."},
-    ]
-    for i in range(rounds):
-        call = {
-            "id": f"call_{i}",
-            "type": "function",
-            "function": {"name": "bash", "arguments": f'{{"cmd": "step {i}"}}'},
-        }
-        fact = f" remember {facts[i]}." if i < len(facts) else ""
-        messages.append({"role": "assistant", "content": f"Step {i}.", "tool_calls": [call]})
-        output = f"output {i}{fact} " + "line " * 160
-        messages.append({"role": "tool", "tool_call_id": f"call_{i}", "content": output})
-    return messages, facts
 
 
 class OneSlotUpstream:

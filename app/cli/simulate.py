@@ -42,6 +42,16 @@ def load_messages(path: Path) -> tuple[list[dict[str, Any]], str | None]:
     raise ValueError(f"{path}: expected a message list or an object with 'messages'")
 
 
+def common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
+    """How many leading messages two prompts share (what a prompt cache can reuse)."""
+    same = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        same += 1
+    return same
+
+
 def request_points(messages: Sequence[Mapping[str, Any]]) -> list[int]:
     """Each k where `messages[:k]` is a request: the assistant speaks next."""
     return [
@@ -74,12 +84,7 @@ def simulate(
         budget = Budget(window, output_reserve(body, window), threshold, target)
         result = compact(messages[:k], pipeline, budget, count, counter.count_fixed(model, body))
         out = result.messages
-        same = 0
-        if previous is not None:
-            for a, b in zip(previous, out, strict=False):
-                if a != b:
-                    break
-                same += 1
+        same = common_prefix(previous, out) if previous is not None else 0
         reused = sum(count(m) for m in out[:same])
         event = previous is not None and same < len(previous)
         turns.append(
@@ -219,11 +224,7 @@ def _replayed(
         out = fit(messages[:k], budget, count)
         failures += broken(messages[:k], out, budget, count)
         if previous is not None:
-            same = 0
-            for a, b in zip(previous, out, strict=False):
-                if a != b:
-                    break
-                same += 1
+            same = common_prefix(previous, out)
             events += same < len(previous)
             tokens = sum(count(m) for m in out)
             shares.append(sum(count(m) for m in out[:same]) / max(1, tokens))

@@ -210,3 +210,17 @@ async def test_the_relay_holds_at_most_one_chunk_for_a_client_that_never_reads()
     assert result.unsent == len(CHUNK)  # the one chunk the client never took
     assert upstream.given == accepted + result.unsent  # nothing read ahead of the client
     assert upstream.closed.is_set()
+
+
+def test_a_stream_nobody_reads_holds_a_bounded_number_of_bytes(
+    address: tuple[str, int], store: ListStore, upstream: EndlessUpstream
+) -> None:
+    """The kernel's send buffer and the transport's are capped (`bound_send_buffers`): what
+    the upstream gave before the cut-off is those buffers, the client's small receive buffer
+    and one chunk, not the megabytes a send buffer autotunes to."""
+    with socket.create_connection(address) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.sendall(headers(len(BODY)) + BODY)  # and never reads
+        assert upstream.closed.wait(10), "the upstream of an unread stream stays open"
+        store.wait_for(1)
+    assert upstream.given < 1024 * 1024

@@ -8,6 +8,7 @@ nothing of a response for `stall_timeout` seconds is dropped (uvicorn's `close` 
 it to read what is buffered: the connection would stay open). A response sent before
 its request's body was read in full (a 408 body timeout, a 413) closes the connection: what
 the client is still sending would otherwise be read as the next request, or keep it open.
+Each connection's send buffers are capped, so an unread response holds a bounded number of bytes.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 logger = logging.getLogger(__name__)
+
+SEND_BUFFER = 128 * 1024  # the kernel's send buffer per client connection (Linux doubles it)
+WRITE_BUFFER_HIGH = 64 * 1024  # the transport's buffer past which sending waits for the client
 
 
 class DeadlineProtocol(HttpToolsProtocol):
@@ -62,6 +66,7 @@ class DeadlineProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        bound_send_buffers(transport)
         self._arm()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -100,6 +105,17 @@ class DeadlineProtocol(HttpToolsProtocol):
                 "no complete request headers within %s s: connection closed", self.header_timeout
             )
             self.transport.close()
+
+
+def bound_send_buffers(transport: asyncio.Transport) -> None:
+    """Cap what a connection's unread response may occupy: the kernel's send buffer (else
+    autotuned up to `net.ipv4.tcp_wmem`'s 4 MiB per socket) and the transport's (uvicorn waits
+    to send more past its high-water mark). A client that reads nothing then holds at most
+    about `SEND_BUFFER` (doubled by Linux) + `WRITE_BUFFER_HIGH` + one chunk of the relay."""
+    transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
+    sock = transport.get_extra_info("socket")
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
 
 
 def with_deadlines(header_timeout: float, stall_timeout: float = 60.0) -> type[DeadlineProtocol]:

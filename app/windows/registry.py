@@ -20,12 +20,13 @@ from enum import StrEnum
 from typing import Any
 
 from inflight.flight import SingleFlight
-from inflight.lru import BoundedLRU
+from inflight.lru import BoundedLRU, weigh_strings
 from inflight.windows.table import ModelTable
 
 logger = logging.getLogger(__name__)
 SILENT_QUORUM = 3  # distinct clients whose silent cuts make a window everyone's
 MAX_REPORTERS = 16  # clients whose silent cuts are kept per (base URL, model)
+MAP_BYTES = 4 * 1024 * 1024  # each of the three maps (discovered, learned, silent cuts)
 
 
 class LimitSource(StrEnum):
@@ -108,13 +109,15 @@ class WindowRegistry:
         self._discover = discover
         self._ttl = ttl
         self._discovered: BoundedLRU[tuple[str, str], tuple[float, int | None]] = BoundedLRU(
-            max_keys
+            max_keys, MAP_BYTES, weigh_strings
         )
         self._pending: SingleFlight[tuple[str, str], int | None] = SingleFlight(DiscoveryAbandoned)
-        self._learned: BoundedLRU[tuple[str, str], int] = BoundedLRU(max_keys)
+        self._learned: BoundedLRU[tuple[str, str], int] = BoundedLRU(
+            max_keys, MAP_BYTES, weigh_strings
+        )
         # per (base URL, model): each client's last silently cut window, oldest first
         self._silent: BoundedLRU[tuple[str, str], tuple[tuple[str, int], ...]] = BoundedLRU(
-            max_keys
+            max_keys, MAP_BYTES, weigh_strings
         )
         self.journal: Callable[[WindowLearned], None] | None = None
         self.refresh: Callable[[str, str], Awaitable[None]] | None = None

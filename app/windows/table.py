@@ -14,13 +14,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, PrivateAttr, ValidationError
 
-from inflight.lru import BoundedLRU
+from inflight.lru import BoundedLRU, weigh_strings
 from inflight.tokens.encodings import EncodingName, bare_model
 
 RESERVE_SHARE = 0.16
 RESERVE_MIN, RESERVE_MAX = 1024, 32768
 
 LOOKUP_MEMO_SIZE = 4096  # model names remembered by `ModelTable.lookup`
+LOOKUP_MEMO_BYTES = 2 * 1024 * 1024  # ... and their bytes (client-chosen names: any length)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +70,9 @@ class ModelTable(BaseModel):
     model: tuple[ModelEntry, ...] = ()
     _compiled: tuple[re.Pattern[str], ...] = PrivateAttr(default=())
     _memo: BoundedLRU[str, ModelEntry | None] = PrivateAttr(
-        default_factory=lambda: BoundedLRU(LOOKUP_MEMO_SIZE)  # client-chosen names: bounded
+        default_factory=lambda: BoundedLRU[str, ModelEntry | None](
+            LOOKUP_MEMO_SIZE, LOOKUP_MEMO_BYTES, weigh_strings
+        )
     )
 
     _keys: dict[str, str | None] = PrivateAttr(default_factory=dict)

@@ -16,9 +16,10 @@ from typing import Protocol
 
 from inflight.compaction.summary.prompt import SummaryFailed
 from inflight.flight import SingleFlight
-from inflight.lru import BoundedLRU
+from inflight.lru import BoundedLRU, weigh_strings
 
 PREFIX = "inflight:summary:"
+MEMORY_CACHE_BYTES = 32 * 1024 * 1024  # summaries kept in process: keys and texts, in all
 RELEASE_IF_OWNER = """
 if redis.call("get", KEYS[1]) == ARGV[1] then
     return redis.call("del", KEYS[1])
@@ -60,10 +61,11 @@ class SummaryCache(Protocol):
 
 
 class MemoryCache:
-    """A bounded LRU, private to this process."""
+    """A bounded LRU, private to this process: at most `max_entries` summaries and
+    `max_bytes` of their keys and texts."""
 
-    def __init__(self, max_entries: int = 10_000) -> None:
-        self._data: BoundedLRU[str, str] = BoundedLRU(max_entries)
+    def __init__(self, max_entries: int = 10_000, max_bytes: int = MEMORY_CACHE_BYTES) -> None:
+        self._data: BoundedLRU[str, str] = BoundedLRU(max_entries, max_bytes, weigh_strings)
 
     async def get(self, key: str) -> str | None:
         return self._data.get(key)

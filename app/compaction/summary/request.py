@@ -28,7 +28,7 @@ from inflight.compaction.summary.rolling import Summaries, SummaryJob, boundary_
 from inflight.compaction.summary.stats import count_fallback
 from inflight.compaction.unit_costs import MessageCounter
 from inflight.compaction.units import head_end
-from inflight.lru import BoundedLRU
+from inflight.lru import BoundedLRU, weigh_strings
 from inflight.settings import Settings
 from inflight.tokens.counter import TokenCounter
 from inflight.windows.registry import WindowRegistry
@@ -42,6 +42,7 @@ PROMPT_OVERHEAD = 700  # the summary prompt's own instructions, in tokens
 # the goal to the trigger (or its cuts moved); conversations remembered for that, at most:
 PREDICT_STEP = 1 / 16
 PREDICTED_CONVERSATIONS = 4096
+PREDICTED_BYTES = 4 * 1024 * 1024  # their keys (a client-chosen summary model name)
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +102,9 @@ class RequestSummaries:
         self.background = background
         self._upstream_of = upstream_of
         # per conversation (model, head, cuts): its size when its next event was last predicted
-        self._predicted: BoundedLRU[tuple[Any, ...], int] = BoundedLRU(PREDICTED_CONVERSATIONS)
+        self._predicted: BoundedLRU[tuple[Any, ...], int] = BoundedLRU(
+            PREDICTED_CONVERSATIONS, PREDICTED_BYTES, weigh_strings
+        )
 
     async def job(self, asked: Asked, the_plan: Plan, reserved: int) -> SummaryJob:
         """What making the summary of `the_plan`'s cut span takes."""

@@ -30,6 +30,7 @@ from bench import (
     responses,
     retention,
     slow_clients,
+    soak,
     summaries,
     summaries_load,
     token_accuracy,
@@ -40,7 +41,7 @@ from inflight.proxy.upstream import POOL_SHARDS
 
 SECTIONS = (
     "hot", "latency", "load", "tokens", "compaction", "summaries", "cost", "cache", "facts",
-    "slow", "summaries-load", "replicas", "retention", "cost-mode",
+    "slow", "summaries-load", "replicas", "retention", "cost-mode", "soak",
 )  # fmt: skip
 
 
@@ -52,6 +53,9 @@ def main() -> None:
         type=int,
         default=5,
         help="the hot path's passes per build (its ratios are the median pass's)",
+    )
+    parser.add_argument(
+        "--soak-requests", type=int, default=20_000, help="the soak section's requests"
     )
     parser.add_argument("--no-litellm", action="store_true", help="skip the LiteLLM comparison")
     parser.add_argument("--only", choices=SECTIONS, action="append", help="run only these")
@@ -136,6 +140,10 @@ def main() -> None:
         with fake_upstream() as upstream:
             print("## Slow clients: slowloris and streams nobody reads\n")
             print(slow_clients.slow_clients_report(upstream, n=args.n // 3 or 1) + "\n")
+    if "soak" in only:
+        with fake_upstream() as upstream:
+            print("## Soak: memory and latency over many growing conversations\n")
+            print(soak.report(upstream, args.soak_requests) + "\n")
     if "tokens" in only:
         print("## Token counts: estimate vs exact o200k (model `gpt-4o`)\n")
         print(token_accuracy.openai_report() + "\n")

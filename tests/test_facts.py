@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from inflight.compaction.facts import (
     FACTS_HEADING,
+    RECENT,
     facts_kept,
     guarded,
     identifier_set,
@@ -187,3 +188,19 @@ def test_the_guard_is_a_bounded_pure_function_of_span_and_summary(
         for ident in listed.split(" ; "):
             assert ident not in summary  # only what the summary lost
             assert any(ident in text for text in spans)  # verbatim from the span
+
+
+def test_ranking_puts_the_last_texts_identifiers_before_older_repeated_ones() -> None:
+    old = ["old_twice", "old_twice"]
+    recent = [f"filler{i}" for i in range(RECENT - 1)] + ["fresh_once"]
+    order = ranked(old + recent)
+    assert order.index("fresh_once") < order.index("old_twice")
+    assert order[0] == "fresh_once"  # the most recent first among the once-mentioned
+
+
+def test_the_guard_leaves_out_what_the_prompts_fixed_head_holds() -> None:
+    head = "System: you work on /srv/app/config.yaml"
+    block = facts_kept(SPAN, "A summary.", 1000, count, head)
+    assert "/srv/app/config.yaml" not in block
+    assert "parse_config" in block
+    assert guarded("A summary.", SPAN, 1000, count, head).endswith(block)

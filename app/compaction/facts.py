@@ -194,14 +194,20 @@ def fate(reference: str, prompt: str, refs: Mapping[str, str], named: Sequence[s
     return "lost"
 
 
+RECENT = 16  # the last texts of a span, whose identifiers a session most often uses again
+
+
 def ranked(texts: Iterable[str]) -> list[str]:
     """The distinct identifiers of `texts` in a deterministic order of what is likeliest to
-    be needed again: those mentioned in more than one text first, then the most recently
-    mentioned (the last text first), then the most mentioned, then by first appearance."""
+    be needed again: those mentioned in the last `RECENT` texts first, then those mentioned in
+    more than one text, then the most recently mentioned, then by first appearance. (Measured
+    on the transcripts, bench/RESULTS.md "Facts survive": recency predicts reuse best, then
+    repetition; an identifier's kind hardly does.)"""
     counts: Counter[str] = Counter()
     first: dict[str, int] = {}
     last: dict[str, int] = {}
     texts_with: Counter[str] = Counter()
+    n = -1
     for n, text in enumerate(texts):
         for ident in identifiers(text):
             counts[ident.text] += 1
@@ -209,7 +215,12 @@ def ranked(texts: Iterable[str]) -> list[str]:
             if last.get(ident.text) != n:
                 texts_with[ident.text] += 1
             last[ident.text] = n
-    return sorted(first, key=lambda t: (texts_with[t] < 2, -last[t], -counts[t], first[t]))
+    end = n
+
+    def order(t: str) -> tuple[bool, bool, int, int]:
+        return (end - last[t] >= RECENT, texts_with[t] < 2, end - last[t], first[t])
+
+    return sorted(first, key=order)
 
 
 FACTS_HEADING = "Facts kept (verbatim from the summarised turns):"
@@ -217,16 +228,21 @@ SEPARATOR = " ; "
 
 
 def facts_kept(
-    span: Sequence[Mapping[str, Any]], summary: str, max_tokens: int, count: Callable[[str], int]
+    span: Sequence[Mapping[str, Any]],
+    summary: str,
+    max_tokens: int,
+    count: Callable[[str], int],
+    known: str = "",
 ) -> str:
-    """The exact-fact guard's list for a summary of `span`: its identifiers the `summary` does
-    not contain verbatim, ranked (`ranked`), after `FACTS_HEADING`, separated by `SEPARATOR`,
-    as many as fit `max_tokens` by `count`; empty when none is lost or none fits. A pure
-    function of the span and the summary, so a summary stays cache-stable."""
+    """The exact-fact guard's list for a summary of `span`: its identifiers neither the
+    `summary` nor `known` (text the prompt keeps anyway: its fixed head) contains verbatim,
+    ranked (`ranked`), after `FACTS_HEADING`, separated by `SEPARATOR`, as many as fit
+    `max_tokens` by `count`; empty when none is lost or none fits. A pure function of the span,
+    the summary and the head, so a summary stays cache-stable."""
     kept: list[str] = []
     used = count(FACTS_HEADING)
     for ident in ranked(message_text(m) for m in span):
-        if ident in summary or any(ident in other for other in kept):
+        if ident in summary or ident in known or any(ident in other for other in kept):
             continue
         size = count(SEPARATOR + ident)
         if used + size > max_tokens:
@@ -243,9 +259,11 @@ def guarded(
     span: Sequence[Mapping[str, Any]],
     max_tokens: int,
     count: Callable[[str], int],
+    known: str = "",
 ) -> str:
     """`summary` with the exact-fact guard's list appended (DESIGN.md §14), bounded by
-    `max_tokens` for the whole text; the summary itself is never changed."""
+    `max_tokens` for the whole text, leaving out what `known` holds; the summary itself is
+    never changed."""
     room = max_tokens - count(summary) - 2
-    block = facts_kept(span, summary, room, count) if room > 0 else ""
+    block = facts_kept(span, summary, room, count, known) if room > 0 else ""
     return f"{summary}\n\n{block}" if block else summary

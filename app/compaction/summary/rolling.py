@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 
-from inflight.compaction.facts import guarded
+from inflight.compaction.facts import guarded, message_text
 from inflight.compaction.rendering import Plan, render_span
 from inflight.compaction.summary.cache import SummaryFlight
 from inflight.compaction.summary.partial import Chosen, record_key
@@ -48,8 +48,16 @@ def summary_budget(goal_tokens: int) -> int:
 
 def model_budget(summary_tokens: int, guard: bool) -> int:
     """The tokens the model may write of a summary of `summary_tokens`: all of them, or with
-    the exact-fact guard on, three quarters (the rest is the guard's room)."""
-    return summary_tokens - summary_tokens // 3 if guard else summary_tokens
+    the exact-fact guard on, half (the rest, with what the model leaves, is the guard's room:
+    measured in bench/RESULTS.md "Facts survive")."""
+    return summary_tokens - summary_tokens // 2 if guard else summary_tokens
+
+
+def head_text(messages: Sequence[Mapping[str, Any]], plan: Plan) -> str:
+    """What the prompt's fixed head (the messages before the first unit that can be cut: the
+    system prompt, the first user message) says: the guard leaves out what it holds."""
+    start = plan.units[plan.head].start if plan.head < len(plan.units) else len(messages)
+    return "\n".join(message_text(m) for m in messages[:start])
 
 
 @dataclass(slots=True)
@@ -278,7 +286,9 @@ class Summaries:
             return text
         # all of the span the summary stands for, not only what this roll added
         whole = render_span(job.messages, plan, plan.head, plan.cut)
-        return guarded(text, whole, job.summary_tokens, job.count_text)
+        return guarded(
+            text, whole, job.summary_tokens, job.count_text, head_text(job.messages, plan)
+        )
 
     async def _summarize(
         self, job: SummaryJob, span: Sequence[Mapping[str, Any]], previous: str | None

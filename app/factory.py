@@ -72,6 +72,8 @@ from inflight.windows.table import ModelTable, Route
 logger = logging.getLogger(__name__)
 
 Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
+ExchangeHook = Callable[[Exchange], Awaitable[None]]
+ExchangeHooks = tuple[ExchangeHook, ExchangeHook]  # on its answer, when it ended
 
 
 class _NotFound(BadRequest):
@@ -240,16 +242,17 @@ def _recording(
     metrics: Metrics,
     queue: UsageQueue,
     learning: SharedLearning | None,
-) -> tuple[Callable[[UsageRecord], None], Callable[[Exchange], Awaitable[None]]]:
-    """How a record is submitted (metrics, then the write queue), and what happens when an
-    exchange ends: the counter calibrates on the upstream's usage (published to the other
-    replicas with `learning`), the records are priced."""
+) -> tuple[Callable[[UsageRecord], None], ExchangeHooks]:
+    """How a record is submitted (metrics, then the write queue), and the exchange's hooks:
+    on its answer, the counter calibrates on the upstream's usage (with `learning`, published
+    to the other replicas before the answer's last bytes, bounded); when it ends, what is left
+    is published and the records are priced."""
 
     def submit(record: UsageRecord) -> None:
         metrics.observe(record)
         queue.submit(record)
 
-    async def on_done(exchange: Exchange) -> None:
+    async def on_answer(exchange: Exchange) -> None:
         usage = exchange.usage
         view = exchange.view
         # A prompt the upstream cut silently says nothing about how the counter counts.
@@ -258,11 +261,15 @@ def _recording(
             client = exchange.compacted.client if exchange.compacted is not None else ""
             counter.observe(exchange.model, view, usage.prompt_tokens, client=client)
         if learning is not None:  # also what an overflow or a silent cut taught
+            await learning.publish_within()
+
+    async def on_done(exchange: Exchange) -> None:
+        if learning is not None:  # what a publish that outlasted its bound left
             await learning.flush()
         for record in records_for(exchange):
             submit(meter.priced(record, exchange.body))
 
-    return submit, on_done
+    return submit, (on_answer, on_done)
 
 
 def create_app(
@@ -299,7 +306,7 @@ def create_app(
     labels = ModelLabels(literal_names(named), settings.metrics_top_models)
     metrics = Metrics(lambda: queue.depth, counter.calibration_factors, summary_stats, labels)
 
-    submit, on_done = _recording(counter, meter, metrics, queue, learning)
+    submit, (on_answer, on_done) = _recording(counter, meter, metrics, queue, learning)
     compactor, cache, background = _compaction(
         settings, upstream, windows, counter, summary_stats,
         lambda r: submit(meter.priced(r, None)), prices,
@@ -309,7 +316,10 @@ def create_app(
     )
 
     def service(api: Api) -> ApiService:
-        return ApiService(settings, upstream, api, compactor, on_done=on_done, on_sent=cuts.record)
+        return ApiService(
+            settings, upstream, api, compactor, on_done=on_done, on_sent=cuts.record,
+            on_answer=on_answer, answer_first=learning is not None,
+        )  # fmt: skip
 
     state = AppState(
         settings=settings,

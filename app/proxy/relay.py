@@ -13,6 +13,8 @@ and the upstream closed, so a reader that never reads holds neither memory nor a
 A stream whose final event (`data: [DONE]`, as the SSE tap sees it) reached the client is
 `completed` even when the client hangs up before the upstream closes: the openai SDK and
 langchain close the connection right after `[DONE]`, and some upstreams linger before closing.
+With `before_final` (replicas publishing what the answer taught), the last event of the chunk
+holding the final event waits for it; the bytes before it go first.
 """
 
 from __future__ import annotations
@@ -111,8 +113,10 @@ class RelayResponse(Response):
         error_frame: Callable[[ProxyError], bytes] = ProxyError.sse_frame,
         held: tuple[bytes, AsyncIterator[bytes]] | None = None,
         stall_timeout: float | None = None,
+        before_final: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         super().__init__(status_code=status_code)
+        self.before_final = before_final  # awaited once, before the final SSE event is sent
         self.stall_timeout = stall_timeout  # seconds a client may accept nothing (None: forever)
         # restore read the body's first bytes to learn its kind: those go first, then the rest
         self.held = held
@@ -155,6 +159,7 @@ class RelayResponse(Response):
 
     async def _pump(self, send: Send, progress: _Progress) -> Exception | None:
         """Relay the body; returns the upstream failure a plain body must abort with."""
+        waiting = self.before_final
         try:
             chunks = self._chunks()
             async for chunk in chunks:
@@ -162,9 +167,13 @@ class RelayResponse(Response):
                 if out:
                     if progress.ttfb is None:
                         progress.ttfb = time.perf_counter() - self.started
+                    if waiting is not None and self.tap is not None and self.tap.done:
+                        out, waiting = await self._hold_final(send, out, progress, waiting), None
                     await self._send_body(send, out, progress, more=True)
                     progress.finished = self.tap is not None and self.tap.done
             tail = self.tap.flush() if self.tap is not None else b""
+            if waiting is not None and self.tap is not None and self.tap.done and tail:
+                tail = await self._hold_final(send, tail, progress, waiting)
             await self._send_body(send, tail, progress, more=False)
             progress.finished = True
         except ClientStalled:
@@ -194,6 +203,18 @@ class RelayResponse(Response):
             if not progress.finished:
                 progress.outcome = "client_disconnected"
         return None
+
+    async def _hold_final(
+        self, send: Send, out: bytes, progress: _Progress, before: Callable[[], Awaitable[None]]
+    ) -> bytes:
+        """Send `out` up to its last event (the final one), await `before`; the rest to send."""
+        body = out.rstrip(b"\r\n")
+        lf, crlf = body.rfind(b"\n\n"), body.rfind(b"\r\n\r\n")
+        cut = max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
+        if cut:
+            await self._send_body(send, out[:cut], progress, more=True)
+        await before()
+        return out[cut:]
 
     async def _send_body(self, send: Send, body: bytes, progress: _Progress, *, more: bool) -> None:
         """Hand `body` to the server, which waits while the client is not reading; raises

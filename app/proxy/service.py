@@ -40,6 +40,7 @@ from inflight.proxy.reuse import ParsedBodies, Reused
 from inflight.proxy.sse_tap import SSETap, Usage
 from inflight.proxy.upstream import Upstream, read_all
 from inflight.settings import Settings
+from inflight.usage.records import Outcome
 
 if TYPE_CHECKING:
     import httpx
@@ -76,6 +77,8 @@ class ApiService:
         *,
         on_done: ExchangeHook | None = None,
         on_sent: SentHook | None = None,
+        on_answer: ExchangeHook | None = None,
+        answer_first: bool = False,
     ) -> None:
         self.api = api
         self._settings = settings
@@ -83,6 +86,11 @@ class ApiService:
         self._compactor = compactor
         self._on_done = on_done
         self._on_sent = on_sent  # the response starts: its ledger row is queued (never waits)
+        # what an answer taught (the counter calibrated on its usage; shared with replicas),
+        # once per exchange: before its last bytes go when `answer_first` (replicas: the hook
+        # bounds its wait), else when it ended, before `on_done`
+        self._on_answer = on_answer
+        self._answer_first = answer_first and on_answer is not None
         reusable = api.history is not None and api.check_rest is not None
         self._bodies = ParsedBodies(api.history) if reusable and api.history else None
 
@@ -291,12 +299,13 @@ class ApiService:
             editing, report = self.api.context_edits, exchange.context_management
             if editing is not None and report is not None:
                 content = editing.answer(content, report)
+        if self._answer_first:  # replicas: what it taught is shared before the client reads it
+            await self._answered(exchange)
         self._sent(exchange)
         headers = self._response_headers(exchange, upstream)
-        # recorded (and the counter calibrated) once the answer is on its way
-        return buffered_response(
-            content, upstream.status_code, headers, partial(self._finish, exchange)
-        )
+        # recorded (and, on one replica, the counter calibrated) once the answer is on its way
+        after = partial(self._finish, exchange, answered=self._answer_first)
+        return buffered_response(content, upstream.status_code, headers, after)
 
     def _check_truncation(self, exchange: Exchange, base_url: str) -> None:
         """Whether the upstream silently cut what was sent, by the usage it reported: then the
@@ -341,21 +350,34 @@ class ApiService:
         held: tuple[bytes, AsyncIterator[bytes]] | None = None,
     ) -> RelayResponse:
         exchange.status = upstream.status_code
+        answered = False
 
-        async def on_end(result: RelayResult) -> None:
+        def taught(outcome: Outcome) -> None:
             # A stream that ended in an error event (Anthropic's `error`, a Responses
             # `response.failed` or `error`) failed upstream, whatever usage it reported first.
-            exchange.outcome = "upstream_error" if tap.error is not None else result.outcome
-            exchange.ttfb = result.ttfb
+            exchange.outcome = "upstream_error" if tap.error is not None else outcome
             exchange.usage = tap.usage
-            if result.outcome == "completed":  # learned and logged; the headers are gone
+            if outcome == "completed":  # learned and logged; the headers are gone
                 self._check_truncation(exchange, base_url)
             if tap.error is not None and exchange.compacted is not None:
                 # An overflow the stream reported once started (OpenAI's Responses API does) is
                 # too late to retry; what it teaches holds for the next request.
                 failure = (base_url, 400, orjson.dumps({"error": tap.error}))
                 self._compactor.learn(self.api.wire, exchange.body, exchange.compacted, failure)
-            await self._finish(exchange)
+
+        async def before_final() -> None:  # replicas: the final event waits for the publish
+            nonlocal answered
+            answered = True
+            taught("completed")
+            await self._answered(exchange)
+
+        async def on_end(result: RelayResult) -> None:
+            if not answered:
+                taught(result.outcome)
+            elif result.outcome != "completed":  # the final event never reached the client
+                exchange.outcome = "upstream_error" if tap.error is not None else result.outcome
+            exchange.ttfb = result.ttfb
+            await self._finish(exchange, answered=answered)
 
         editing, report = self.api.context_edits, exchange.context_management
         if editing is not None and report is not None:
@@ -371,9 +393,15 @@ class ApiService:
             error_frame=self.api.error_frame,
             held=held,
             stall_timeout=self._settings.client_stall_timeout,
+            before_final=before_final if self._answer_first else None,
         )
 
-    async def _finish(self, exchange: Exchange) -> None:
+    async def _answered(self, exchange: Exchange) -> None:
+        if self._on_answer is not None:
+            await self._on_answer(exchange)
+
+    async def _finish(self, exchange: Exchange, answered: bool = False) -> None:
+        """The exchange ended (`answered`: what it taught was taken before its last bytes)."""
         compacted = exchange.compacted
         if compacted is not None and 0 < exchange.status < 400:
             # its answer went out: summaries ahead, a quiet request's plan for the cache
@@ -382,5 +410,7 @@ class ApiService:
                     start()
                 except Exception:  # logged: it must not cost this answer its usage record
                     logger.exception("work after the answer of %s failed", exchange.model)
+        if not answered:
+            await self._answered(exchange)
         if self._on_done is not None:
             await self._on_done(exchange)

@@ -4,11 +4,12 @@ A plan depends on the calibration of the request's model and on the windows lear
 (upstream, model) (DESIGN.md §7). Each is one document, versioned, in a `LearnedStore` (Redis
 with `CACHE_URL`): before a request is planned the replica asks whether the two documents it
 needs changed (one round trip) and installs them if so; what it learned itself (an answer's
-observation, a window) is applied locally, journaled, and published after the answer with a
-compare-and-set on the version — on a conflict, the peer's document is installed and the
-journaled steps applied again on top. A model's calibration is a function of its observations
-in order, each carrying its own time, so every replica (and a restarted one) holds exactly the
-state one proxy would have after the same answers.
+observation, a window) is applied locally, journaled, and published before the answer's last
+bytes go (`publish_within`, bounded) with a compare-and-set on the version — on a conflict, the
+peer's document is installed and the journaled steps applied again on top. A model's
+calibration is a function of its observations in order, each carrying its own time, so every
+replica (and a restarted one) holds exactly the state one proxy would have after the same
+answers.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ logger = logging.getLogger(__name__)
 PREFIX = "inflight:learned:"
 TTL_SECONDS = 30 * 24 * 3600  # a document nobody wrote for this long is forgotten
 RETRIES = 8  # compare-and-set attempts per sync before the journal waits for the next one
+PUBLISH_BOUND_SECONDS = 0.2  # an answer waits at most this long for its publish (`publish_within`)
+CLOSE_WAIT_SECONDS = 5.0  # at shutdown, for publishes still under way
 
 # KEYS: the documents; ARGV: the version known of each. Returns key, version, document of
 # each one whose version differs (a missing document has version 0 and no body).
@@ -158,6 +161,8 @@ class SharedLearning:
         self._journal: dict[Document, list[Step]] = {}  # steps taken, not yet published
         self._journal_lock = threading.Lock()
         self._sync = asyncio.Lock()
+        self._publishing: set[asyncio.Task[None]] = set()  # publishes an answer stopped waiting on
+        self.late = 0  # publishes that outlasted their bound (the answer went without waiting)
         calibration.journal = self._took
         windows.journal = self._took
         windows.refresh = self.refresh
@@ -180,6 +185,31 @@ class SharedLearning:
     async def flush(self) -> None:
         """Publish what this replica learned (the peers' documents it conflicts with first)."""
         await self.sync((), ask=False)
+
+    async def publish_within(self, seconds: float = PUBLISH_BOUND_SECONDS) -> bool:
+        """`flush`, waited for at most `seconds`: an answer's last bytes wait for it, so the
+        client's next request, whichever replica it reaches, is planned on what this answer
+        taught; a slow store never stalls an answer (the publish goes on, counted in `late` and
+        logged). False when the bound was hit; a failed publish is logged, never raised."""
+        task = asyncio.ensure_future(self.flush())
+        self._publishing.add(task)
+        task.add_done_callback(self._published)
+        done, _ = await asyncio.wait({task}, timeout=seconds)
+        if done:
+            return True
+        self.late += 1
+        logger.warning(
+            "shared learned state: publishing took over %.0f ms; answered without waiting "
+            "(%d times so far)",
+            seconds * 1000,
+            self.late,
+        )
+        return False
+
+    def _published(self, task: asyncio.Task[None]) -> None:
+        self._publishing.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.warning("shared learned state: publishing failed", exc_info=task.exception())
 
     async def sync(self, wanted: Iterable[Document], ask: bool) -> None:
         """Install the peers' changes to `wanted` (when `ask`) and to the journaled documents
@@ -238,6 +268,9 @@ class SharedLearning:
                 self._windows.apply(step, journal=False)
 
     async def aclose(self) -> None:
+        """Close the store once the publishes still under way ended (bounded)."""
+        if self._publishing:
+            await asyncio.wait(set(self._publishing), timeout=CLOSE_WAIT_SECONDS)
         await self._store.close()
 
 

@@ -12,6 +12,7 @@ import anyio
 import pytest
 
 from inflight.cli.stats_table import bar, percent, render_stats
+from inflight.usage.labels import ModelLabels
 from inflight.usage.metrics import Metrics
 from inflight.usage.records import UsageQueue, UsageRecord, UsageStore
 from inflight.usage.stores import open_store
@@ -294,7 +295,9 @@ def test_unknown_database_scheme_is_an_error() -> None:
 
 
 def test_metrics_render_the_series() -> None:
-    metrics = Metrics(lambda: 7, lambda: {"llama-3": 1.12})
+    # a calibration factor is a series only for a model with a label of its own (configured,
+    # priced, or among the top seen): here configured
+    metrics = Metrics(lambda: 7, lambda: {"llama-3": 1.12}, labels=ModelLabels(("llama-3",), 20))
     metrics.observe(record(0))
     metrics.observe(record(1, status=502, outcome="upstream_error"))
     metrics.observe(record(2, kind="summary"))

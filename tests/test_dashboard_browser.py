@@ -88,6 +88,11 @@ def fill(base_url: str, store: WatchedStore, fake: FakeUpstream, headers: dict[s
         for n in range(4, 13)
     ]
     requests.append(("gpt-4o-mini", conversation[:4], {}))
+    # far under the window: only cost mode cuts it (the fixtures' floor is 1,000 tokens)
+    requests.append(
+        ("gpt-4o", conversation, {"x-compaction-context-limit": "200000",
+                                  "x-compaction-for-cost": "on"})
+    )  # fmt: skip
     requests.append(("local-qwen", conversation[:4], {}))  # unpriced
     requests.append(
         ("gpt-4o", conversation, {"x-compaction-context-limit": "3000",
@@ -112,7 +117,7 @@ def proxy(tmp_path: Path, fake: FakeUpstream) -> Iterator[tuple[str, WatchedStor
     store = WatchedStore()
     # summaries made for the request that needs them: `fill` counts their records at once
     app = create_app(
-        make_settings(tmp_path, summary_wait=True),
+        make_settings(tmp_path, summary_wait=True, cost_min_prompt=1000),
         transport=httpx.ASGITransport(app=fake.app),
         store=store,
     )
@@ -124,7 +129,7 @@ def proxy(tmp_path: Path, fake: FakeUpstream) -> Iterator[tuple[str, WatchedStor
 def keyed_proxy(tmp_path: Path, fake: FakeUpstream) -> Iterator[tuple[str, WatchedStore]]:
     fake.prompt_tokens = 150_000
     store = WatchedStore()
-    settings = make_settings(tmp_path, api_keys=KEY, summary_wait=True)
+    settings = make_settings(tmp_path, api_keys=KEY, summary_wait=True, cost_min_prompt=1000)
     app = create_app(settings, transport=httpx.ASGITransport(app=fake.app), store=store)
     with serve(app) as base_url:
         yield base_url, store
@@ -150,6 +155,9 @@ def check_figures(driver: WebDriver, stats: dict[str, Any]) -> None:
     assert _text(driver, "kpi-saved-dollars") == usd(cost["saved"])
     assert _text(driver, "kpi-summaries") == f"{usd(cost['summaries'])} of it on summaries"
     assert _text(driver, "kpi-unpriced") == f"{cost['unpriced_requests']:,} unpriced requests"
+    assert _text(driver, "kpi-saved-by") == (
+        f"{usd(cost['saved_by_fit'])} by fit · {usd(cost['saved_by_cost_mode'])} by cost mode"
+    )
     rows = driver.find_elements(By.CSS_SELECTOR, "#models tbody tr")
     assert {r.get_attribute("data-model") for r in rows} == set(stats["models"])
     for row in rows:
@@ -188,6 +196,8 @@ def test_dashboard_shows_what_stats_has(
     stats = httpx.get(f"{base_url}/stats", timeout=WAIT).json()
     assert stats["cost"]["saved"] != 0  # the fake reports no cache hits: the sign may be either
     assert stats["cost"]["unpriced_requests"] == 1
+    assert stats["cost"]["saved_by_fit"] != 0
+    assert stats["cost"]["saved_by_cost_mode"] != 0  # the request only cost mode cut
     assert stats["compactions"]
     assert stats["summary_calls"] >= 1
     assert stats["summaries"]["stand_ins"]  # the share of requests with a summary is shown

@@ -90,6 +90,7 @@ async def test_a_version_3_store_gains_the_ledger_table(tmp_path: Path) -> None:
         conn.execute("DROP TABLE inflight_ledger")
         conn.execute("DROP INDEX inflight_usage_id")
         conn.execute("ALTER TABLE inflight_usage DROP COLUMN id")
+        conn.execute("ALTER TABLE inflight_usage DROP COLUMN cut_for")
         conn.execute("UPDATE inflight_schema SET version = 3")
     await check_ledger_rows(open_store(f"sqlite:///{path}"))
     with sqlite3.connect(path) as conn:
@@ -114,6 +115,7 @@ async def test_postgres_ledger_rows_and_migration(pg: str) -> None:
     async with await psycopg.AsyncConnection.connect(pg, autocommit=True) as conn:
         await conn.execute("DROP TABLE inflight_ledger")  # as version 3 left it
         await conn.execute("ALTER TABLE inflight_usage DROP COLUMN id")  # (its index too)
+        await conn.execute("ALTER TABLE inflight_usage DROP COLUMN cut_for")
         await conn.execute("UPDATE inflight_schema SET version = 3")
     await check_ledger_rows(open_store(pg))
     async with await psycopg.AsyncConnection.connect(pg, autocommit=True) as conn:

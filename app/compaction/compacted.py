@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 
+from inflight.compaction.cost_mode import CutFor
 from inflight.compaction.cuts import Cut, cuts_of
 from inflight.compaction.formats import ApiName, Conversation, WireFormat
 from inflight.compaction.offload import offload
@@ -54,6 +55,7 @@ class Compacted:
     after_answer: tuple[Callable[[], object], ...] = ()
     client: str = ""  # who sent it (`inflight.credentials.client_identity`): whose window it taught
     economics: Mapping[str, object] | None = None  # the cut's costs and savings (§16)
+    cut_for: CutFor | None = None  # why it was cut: to fit, or for cost only (§16)
 
 
 def view_body(conversation: Conversation) -> dict[str, Any]:
@@ -91,6 +93,7 @@ def compacted_of(wire: WireFormat, preview: Preview, on_overflow: OnOverflow) ->
         budget=preview.window - preview.reserve,
         after_answer=preview.after,
         economics=None if preview.economics is None else preview.economics.as_dict(),
+        cut_for=result.plan.cut_for if result.applied else None,
     )
 
 

@@ -17,10 +17,14 @@ MIN_REMOVED_SHARE = 0.25
 PER_MILLION = 1e-6
 
 Unit = Literal["usd", "s"]
+# Why a request's prompt is cut: its history as received is over the trigger, so it would be
+# cut to fit the window anyway ("fit"), or it is not, so only cost mode cut it ("cost").
+CutFor = Literal["fit", "cost"]
 
 
 # model -> its dollars per prompt token read from and written to the prompt cache (None: unpriced)
 CacheRates = Callable[[str], "tuple[float, float] | None"]
+
 
 @dataclass(frozen=True, slots=True)
 class CostRule:

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from inflight.compaction.cost_mode import CutFor
 from inflight.compaction.unit_costs import Shown, transform, truncation_level
 from inflight.compaction.units import Unit
 
@@ -38,6 +39,7 @@ class Plan:
     # Restore on (§11): one marker stands for what was cut or dropped, placed like a summary,
     # its tokens reserved like a summary's.
     marker: bool = False
+    cut_for: CutFor | None = None  # why it changes anything (§16); None: it changes nothing
     # Pruned units as the replay priced them (`UnitCosts.shown`): rendering takes them as they are
     # instead of pruning each unit again. Not part of what the plan is.
     shown: Mapping[int, Shown] = field(default_factory=dict, compare=False, repr=False)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from inflight.compaction.cost_mode import CutFor
 from inflight.compaction.middle_out import MiddleOut
 from inflight.compaction.policy import Budget
 from inflight.compaction.prune import MIN_SAVING_SHARE, PROTECT_SHARE
@@ -372,6 +373,16 @@ class Replay:
             return ()
         return (unit, partner)
 
+    def cut_for(self) -> CutFor | None:
+        """Why the plan changes the prompt (None: it does not): to fit, when the history as
+        received is over the trigger (a plan without cost mode would cut it too), else for
+        cost (only cost mode's early cuts changed it; DESIGN.md §16)."""
+        head = self.shape.head
+        changed = self.cut > head or self.pruned_before > head or self.dropped or self.truncated
+        if not changed:
+            return None
+        return "fit" if self.before > self.budget.trigger else "cost"
+
     def result(self) -> Plan:
         n = len(self.shape.units)
         return Plan(
@@ -393,4 +404,5 @@ class Replay:
             protect=self.costs.protect,
             marker=self.marked and self.stands_in(),
             shown=self.costs.shown,
+            cut_for=self.cut_for(),
         )

@@ -54,7 +54,7 @@
   function clearBoard() {
     for (const id of ["kpi-requests", "kpi-errors", "kpi-tokens", "kpi-cached", "kpi-saved-tokens",
       "kpi-saved-share", "kpi-actual", "kpi-summaries", "kpi-baseline", "kpi-unpriced",
-      "kpi-saved-dollars", "kpi-saved-dollars-share"]) $(id).textContent = "";
+      "kpi-saved-dollars", "kpi-saved-dollars-share", "kpi-saved-by"]) $(id).textContent = "";
     for (const id of ["compactions", "windows", "summaries", "chart-requests", "chart-tokens",
       "chart-dollars"]) $(id).replaceChildren();
     for (const id of ["models", "recent"]) $(id).tBodies[0].replaceChildren();
@@ -84,6 +84,9 @@
     $("kpi-saved-dollars-share").textContent = !cost.baseline ? "" : lost
       ? "compaction cost more: " + pct(-cost.saved / cost.baseline) + " over the baseline"
       : pct(cost.saved / cost.baseline) + " of the baseline";
+    // Net of each kind of cut: requests cut to fit the window, and those only cost mode cut.
+    $("kpi-saved-by").textContent = usd(cost.saved_by_fit) + " by fit · " +
+      usd(cost.saved_by_cost_mode) + " by cost mode";
   }
 
   function bars(container, entries, format) {

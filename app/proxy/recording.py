@@ -86,6 +86,7 @@ def records_for(exchange: Exchange) -> list[UsageRecord]:
             context_limit=exchange.context_limit,
             route=exchange.route,
             one_round=one_round(usage),
+            cut_for=exchange.compacted.cut_for if exchange.compacted is not None else None,
         )
     ]
     summary = exchange.summary_usage

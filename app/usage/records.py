@@ -19,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from inflight.compaction.cost_mode import CutFor
 from inflight.usage.ledger import LedgerRow
 
 if TYPE_CHECKING:
@@ -81,6 +82,9 @@ class UsageRecord:
     cost: float | None = None  # USD at list price (DESIGN.md §9); None: the model is unpriced
     baseline_cost: float | None = None  # USD the same request would have cost uncompacted
     one_round: OneRound | None = None  # restore's rounds as one, until priced (not stored)
+    # why compaction changed the request (DESIGN.md §16): to fit the window, or for cost only
+    # (cost mode cut a history the window held); None: it changed nothing
+    cut_for: CutFor | None = None
     # The record's own id (a request's summary calls share its `request_id`): a record written
     # twice (a retry after a lost acknowledgement, a spill replayed) is stored once.
     id: str = field(default_factory=lambda: uuid.uuid4().hex)

@@ -5,7 +5,8 @@ for chat records, `/v1/<api>` for passthrough records, empty for summary calls);
 `cache_write_tokens`, `cost` and `baseline_cost` (USD, DESIGN.md §9; NULL: unpriced model);
 4 adds the `inflight_ledger` table (DESIGN.md §11: one row per compacted request, its JSON
 document, its owner and expiry); 5 adds `id`, each record's own id under a unique index, so a
-batch written again (a retry after a lost acknowledgement, a spill file replayed) adds nothing.
+batch written again (a retry after a lost acknowledgement, a spill file replayed) adds nothing;
+6 adds `cut_for` (`fit` or `cost`: why compaction changed the request, DESIGN.md §16).
 """
 
 from __future__ import annotations
@@ -16,13 +17,13 @@ from typing import Any
 from inflight.usage.ledger import LedgerRow
 from inflight.usage.records import APIS, UsageRecord, api_of
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 COLUMNS = (
     "ts", "request_id", "kind", "model", "client_key_id", "stream", "status", "outcome",
     "latency_ms", "ttfb_ms", "prompt_tokens", "completion_tokens", "cached_tokens",
     "tokens_before", "tokens_after", "strategies", "context_limit", "route",
-    "cache_write_tokens", "cost", "baseline_cost", "id",
+    "cache_write_tokens", "cost", "baseline_cost", "id", "cut_for",
 )  # fmt: skip
 
 CREATE_LEDGER = [
@@ -59,7 +60,8 @@ CREATE = [
         cache_write_tokens BIGINT,
         cost DOUBLE PRECISION,
         baseline_cost DOUBLE PRECISION,
-        id TEXT
+        id TEXT,
+        cut_for TEXT
     )""",
     "CREATE INDEX IF NOT EXISTS inflight_usage_ts ON inflight_usage (ts)",
     "CREATE INDEX IF NOT EXISTS inflight_usage_model ON inflight_usage (model)",
@@ -78,6 +80,7 @@ MIGRATIONS: dict[int, list[str]] = {
     ],
     4: CREATE_LEDGER,
     5: ["ALTER TABLE inflight_usage ADD COLUMN id TEXT"],
+    6: ["ALTER TABLE inflight_usage ADD COLUMN cut_for TEXT"],
 }
 # Run after the migrations (a table older than version 5 has no `id` column before them). Rows
 # from before version 5 have a NULL id, which a unique index allows any number of times.
@@ -161,6 +164,7 @@ def rows(records: Sequence[UsageRecord]) -> list[tuple[Any, ...]]:
             r.cost,
             r.baseline_cost,
             r.id,
+            r.cut_for,
         )
         for r in records
     ]
@@ -185,11 +189,12 @@ WHERE kind = 'chat' AND context_limit IS NOT NULL AND status >= 200 AND status <
 ORDER BY ts DESC LIMIT 200
 """
 
-# Dollars by model and kind (DESIGN.md §9): USD, USD, requests with no price.
+# Dollars by model, kind and why compaction cut (DESIGN.md §9, §16): USD, USD, requests with
+# no price.
 COSTS = """
 SELECT model, kind, COALESCE(SUM(cost), 0), COALESCE(SUM(baseline_cost), 0),
-       SUM(CASE WHEN cost IS NULL THEN 1 ELSE 0 END)
-FROM inflight_usage WHERE kind <> 'passthrough' GROUP BY model, kind
+       SUM(CASE WHEN cost IS NULL THEN 1 ELSE 0 END), COALESCE(cut_for, '')
+FROM inflight_usage WHERE kind <> 'passthrough' GROUP BY model, kind, COALESCE(cut_for, '')
 """
 RECENT_REQUESTS = """
 SELECT ts, model, tokens_before, tokens_after, strategies, latency_ms, status, outcome, stream,

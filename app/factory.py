@@ -15,6 +15,7 @@ from starlette.responses import Response
 
 from inflight import __version__
 from inflight.banner import log_banner
+from inflight.compaction.cost_mode import PrefillRates
 from inflight.compaction.formats import ApiName
 from inflight.compaction.service import CompactionService
 from inflight.compaction.summary.background import BackgroundSummaries
@@ -116,9 +117,10 @@ def _compaction(
     summary_stats: SummaryStats,
     submit: Callable[[UsageRecord], None],
     prices: PriceTable,
+    prefill: PrefillRates,
 ) -> tuple[CompactionService, SummaryCache, BackgroundSummaries]:
-    """The compaction service (cost mode weighing `prices`), the summary cache and the
-    background summaries (both closed at shutdown)."""
+    """The compaction service (cost mode weighing `prices`, or a local model's `prefill`
+    speed), the summary cache and the background summaries (both closed at shutdown)."""
     prompt = SummaryPrompt.load(settings.config_file("summary_prompt.md"))
     cache = open_cache(settings.cache_url)
     # A background summary may take several calls: the lock outlives them.
@@ -155,7 +157,7 @@ def _compaction(
     compactor = CompactionService(
         settings, counter, windows, summaries, completer_for, keeps,
         background=background, summary_upstream=summary_upstream,
-        cache_rates=cache_rates(prices),
+        cache_rates=cache_rates(prices), prefill_rate=prefill.rate,
     )  # fmt: skip
     return compactor, cache, background
 
@@ -169,6 +171,20 @@ def cache_rates(prices: PriceTable) -> Callable[[str], tuple[float, float] | Non
         return None if price is None else (price.cache_read_rate, price.cache_write_rate)
 
     return rates
+
+
+def _prefill_observer(upstream: Upstream, rates: PrefillRates) -> Callable[[Exchange], None]:
+    """What an answer's stated prefill speed (llama.cpp's `timings`) teaches cost mode about
+    its (upstream, model): the rate a local model is judged on when INFLIGHT_PREFILL_RATE is
+    unset."""
+
+    def observe(exchange: Exchange) -> None:
+        prefill = exchange.usage.prefill if exchange.usage is not None else None
+        if prefill is not None and exchange.rounds == 1:
+            base_url = upstream.route(exchange.model, anthropic=exchange.api.anthropic).base_url
+            rates.observe(base_url, exchange.model, prefill.tokens, prefill.per_second)
+
+    return observe
 
 
 def _background(
@@ -242,6 +258,7 @@ def _recording(
     metrics: Metrics,
     queue: UsageQueue,
     learning: SharedLearning | None,
+    prefilled: Callable[[Exchange], None],
 ) -> tuple[Callable[[UsageRecord], None], ExchangeHooks]:
     """How a record is submitted (metrics, then the write queue), and the exchange's hooks:
     on its answer, the counter calibrates on the upstream's usage (with `learning`, published
@@ -260,6 +277,8 @@ def _recording(
         if usage is not None and usage.prompt_tokens and completed and view is not None:
             client = exchange.compacted.client if exchange.compacted is not None else ""
             counter.observe(exchange.model, view, usage.prompt_tokens, client=client)
+        if completed:
+            prefilled(exchange)
         if learning is not None:  # also what an overflow or a silent cut taught
             await learning.publish_within()
 
@@ -306,10 +325,13 @@ def create_app(
     labels = ModelLabels(literal_names(named), settings.metrics_top_models)
     metrics = Metrics(lambda: queue.depth, counter.calibration_factors, summary_stats, labels)
 
-    submit, (on_answer, on_done) = _recording(counter, meter, metrics, queue, learning)
+    prefill = PrefillRates()
+    submit, (on_answer, on_done) = _recording(
+        counter, meter, metrics, queue, learning, _prefill_observer(upstream, prefill)
+    )
     compactor, cache, background = _compaction(
         settings, upstream, windows, counter, summary_stats,
-        lambda r: submit(meter.priced(r, None)), prices,
+        lambda r: submit(meter.priced(r, None)), prices, prefill,
     )  # fmt: skip
     cuts = Ledger(
         ledger_mode(settings.ledger, settings.database_url), settings.ledger_ttl, queue, store

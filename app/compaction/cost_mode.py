@@ -1,13 +1,16 @@
 """Cost mode (DESIGN.md §16): compact a conversation under the threshold when the prompt cache's
 bill says so. Ski rental: each request re-reads from the cache what a cut would remove (rent);
 a cut re-writes what it keeps once (buy); cut once the rent paid since the last event reaches
-the price of buying. Pure: prices come in as plain numbers, the replay brings the history."""
+the price of buying. Pure: prices come in as plain numbers, the replay brings the history; a
+local upstream's prefill speed is learned from its answers (`PrefillRates`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
+
+from inflight.lru import BoundedLRU
 
 # A local upstream's cached prompt token still costs each request part of its prefill (every new
 # token attends to it): this share, an assumption the README states.
@@ -24,6 +27,12 @@ CutFor = Literal["fit", "cost"]
 
 # model -> its dollars per prompt token read from and written to the prompt cache (None: unpriced)
 CacheRates = Callable[[str], "tuple[float, float] | None"]
+# (upstream, model) -> the prefill tokens a second its answers showed (None: none yet)
+PrefillRateOf = Callable[[str, str], "float | None"]
+# Each answer's weight in the running prefill rate decays by this much per later answer, so the
+# rate follows the last ten or so (a model reloaded, a busier GPU).
+PREFILL_DECAY = 0.9
+PREFILL_MODELS = 256  # (upstream, model) pairs whose rate is kept
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,3 +123,42 @@ def economics(rule: CostRule, before: int, after: int, head: int) -> Economics:
     before the cut, which stay cached)."""
     removed = max(0, before - after)
     return Economics(removed, removed * rule.read, rule.price(after, head), rule.unit)
+
+
+@dataclass(frozen=True, slots=True)
+class _Running:
+    """Decayed sums of the prompt tokens prefilled and the seconds it took."""
+
+    tokens: float
+    seconds: float
+
+
+class PrefillRates:
+    """The prefill speed each (upstream, model) showed in its answers (llama.cpp's `timings`):
+    a running rate weighted by the tokens each answer prefilled (a mostly cached prompt's few
+    tokens say little), its older answers decayed; at most `capacity` pairs, least recent out."""
+
+    def __init__(self, capacity: int = PREFILL_MODELS, decay: float = PREFILL_DECAY) -> None:
+        self._rates: BoundedLRU[tuple[str, str], _Running] = BoundedLRU(capacity)
+        self._decay = decay
+
+    def observe(self, upstream: str, model: str, tokens: int, per_second: float) -> None:
+        """One answer prefilled `tokens` at `per_second` tokens a second."""
+        if tokens <= 0 or not per_second > 0:
+            return
+        key = (upstream, model)
+        was = self._rates.get(key) or _Running(0.0, 0.0)
+        self._rates.put(
+            key,
+            _Running(
+                was.tokens * self._decay + tokens,
+                was.seconds * self._decay + tokens / per_second,
+            ),
+        )
+
+    def rate(self, upstream: str, model: str) -> float | None:
+        """Tokens a second, or None before any answer stated it."""
+        running = self._rates.get((upstream, model))
+        if running is None or running.seconds <= 0:
+            return None
+        return running.tokens / running.seconds

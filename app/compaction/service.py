@@ -17,7 +17,13 @@ from functools import partial
 from typing import Any
 
 from inflight.compaction.compacted import Compacted, compacted_of, ledgered, overflow_bound
-from inflight.compaction.cost_mode import CacheRates, CostRule, Economics, economics
+from inflight.compaction.cost_mode import (
+    CacheRates,
+    CostRule,
+    Economics,
+    PrefillRateOf,
+    economics,
+)
 from inflight.compaction.engine import compact
 from inflight.compaction.formats import WireFormat
 from inflight.compaction.formats.chat import ChatFormat
@@ -68,14 +74,18 @@ class CompactionService:
         background: BackgroundSummaries | None = None,
         summary_upstream: UpstreamOf | None = None,
         cache_rates: CacheRates | None = None,
+        prefill_rate: PrefillRateOf | None = None,
     ) -> None:
         """`background` makes summaries off the request path (without it, every request waits
         for its summary, as in wait mode); `summary_upstream` names the
         upstream a summary of (model, API) goes to, whose idleness a background one waits
         for (default: the request's); `cache_rates`: what cost mode weighs, a model's dollars per
-        prompt token re-read from and re-written to the cache (default: none known)."""
+        prompt token re-read from and re-written to the cache (default: none known);
+        `prefill_rate`: the prefill speed an (upstream, model)'s answers showed, for a local
+        model when `INFLIGHT_PREFILL_RATE` is unset."""
         self._settings = settings
         self._cache_rates = cache_rates
+        self._prefill_rate = prefill_rate
         self._counter = counter
         self._windows = windows
         self._summarizing = (
@@ -125,7 +135,7 @@ class CompactionService:
             client=client_identity(headers),
         )
         reserve = output_reserve(cleaned, window.tokens)
-        rule = self._cost_rule(model)
+        rule = self._cost_rule(model, base_url)
         cost = rule if self._for_cost(controls) else None
         budget = self._budget(controls, window.tokens, reserve, cost)
         pipeline = resolve_pipeline(
@@ -298,14 +308,17 @@ class CompactionService:
         on = controls.for_cost
         return self._settings.compact_for_cost if on is None else on
 
-    def _cost_rule(self, model: str) -> CostRule | None:
+    def _cost_rule(self, model: str, base_url: str) -> CostRule | None:
         """What a prompt token of `model` costs to re-read and to re-write: its prices, else
-        (a local model) prefill time at `INFLIGHT_PREFILL_RATE`; None when neither is known."""
+        (a local model) prefill time at `INFLIGHT_PREFILL_RATE`, else at the rate its answers
+        from `base_url` showed; None when none is known."""
         floor = self._settings.cost_min_prompt
         rates = self._cache_rates(model) if self._cache_rates is not None else None
         if rates is not None:
             return CostRule.priced(*rates, floor)
         rate = self._settings.prefill_rate
+        if rate is None and self._prefill_rate is not None:
+            rate = self._prefill_rate(base_url, model)
         return CostRule.prefill(rate, floor) if rate is not None else None
 
     def _waits(self, controls: Controls) -> bool:

@@ -37,7 +37,7 @@ from inflight.proxy.restore import (
 )
 from inflight.proxy.restore_stream import follow
 from inflight.proxy.reuse import ParsedBodies, Reused
-from inflight.proxy.sse_tap import SSETap, Usage
+from inflight.proxy.sse_tap import Prefill, SSETap, Usage
 from inflight.proxy.upstream import Upstream, read_all
 from inflight.settings import Settings
 from inflight.usage.records import Outcome
@@ -57,12 +57,16 @@ SentHook = Callable[[Exchange], None]
 def usage_from_json(
     content: bytes, read: Callable[[Any], Usage | None] = Usage.from_json
 ) -> Usage | None:
-    """The usage of a JSON answer, read by the API's `read`; None when there is none."""
+    """The usage of a JSON answer, read by the API's `read`, with llama.cpp's prefill `timings`;
+    None when there is none."""
     try:
         data = orjson.loads(content)
     except orjson.JSONDecodeError:
         return None
-    return read(data.get("usage")) if isinstance(data, dict) else None
+    usage = read(data.get("usage")) if isinstance(data, dict) else None
+    if usage is None or not isinstance(data, dict):
+        return usage
+    return replace(usage, prefill=Prefill.of(data.get("timings")))
 
 
 class ApiService:

@@ -10,15 +10,38 @@ added to the usage the client sees: those lines are re-encoded. The final event 
 `data: [DONE]`, or the data line of a Responses (`response.completed`, `response.failed`,
 `response.incomplete`) or Anthropic (`message_stop`) final event: once it has been read the
 answer is complete. `error` holds the error a stream reported (its record is then an upstream
-error, whatever usage came before).
+error, whatever usage came before). llama.cpp's `timings` (on its usage chunk, or the last one)
+give the answer's prefill speed, kept with the usage (`Usage.prefill`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import orjson
+
+
+@dataclass(frozen=True, slots=True)
+class Prefill:
+    """How fast the upstream read the part of a prompt it did not have cached: llama.cpp's
+    `timings` (`prompt_n` tokens at `prompt_per_second`)."""
+
+    tokens: int
+    per_second: float
+
+    @classmethod
+    def of(cls, timings: Any) -> Prefill | None:
+        """From a `timings` object; None without a positive count and a finite positive rate."""
+        if not isinstance(timings, dict):
+            return None
+        tokens, rate = _int_or_none(timings.get("prompt_n")), timings.get("prompt_per_second")
+        if tokens is None or tokens <= 0 or isinstance(rate, bool):
+            return None
+        if not isinstance(rate, int | float) or not math.isfinite(rate) or rate <= 0:
+            return None
+        return cls(tokens, float(rate))
 
 
 @dataclass(slots=True)
@@ -31,6 +54,8 @@ class Usage:
     cache_write_tokens: int | None = None  # Anthropic's cache writes (part of the prompt)
     # each round's usage when this is the sum of several (restore's, by `plus`), in order
     rounds: tuple[Usage, ...] = field(default=(), compare=False, repr=False)
+    # one answer's prefill speed, when the upstream states it (llama.cpp's `timings`)
+    prefill: Prefill | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def from_json(cls, usage: Any) -> Usage | None:
@@ -227,6 +252,7 @@ class SSETap:
     _rewritten: bytes | None = None  # the line `_observe` just read, with the summed usage
     _own: Usage | None = None  # an Anthropic stream's usage so far, without `carry`
     _event_line: bytes = b""  # with `edit`: an `event:` line held until its data is read
+    _prefill: Prefill | None = None  # llama.cpp's `timings`, once read
 
     @property
     def _rebuild(self) -> bool:
@@ -354,7 +380,7 @@ class SSETap:
             self.done = True
             if payload == b"[DONE]":
                 return False
-        if b'"usage"' not in payload and b'"error"' not in payload:
+        if b'"usage"' not in payload and b'"error"' not in payload and b'"timings"' not in payload:
             return False
         try:
             event = orjson.loads(payload)
@@ -362,6 +388,20 @@ class SSETap:
             return False
         if not isinstance(event, dict):
             return False
+        usage_only = self._read_usage(event)
+        self._timings(event)
+        return usage_only
+
+    def _timings(self, event: dict[str, Any]) -> None:
+        """Keep the answer's prefill speed with its usage (llama.cpp puts `timings` on the
+        usage chunk, or on the last chunk when no usage was asked for)."""
+        prefill = Prefill.of(event.get("timings")) or self._prefill
+        self._prefill = prefill
+        if prefill is not None and self.usage is not None and self.carry is None:
+            self.usage = replace(self.usage, prefill=prefill)
+
+    def _read_usage(self, event: dict[str, Any]) -> bool:
+        """Read the usage or error of one parsed event; True for chat's usage-only chunk."""
         if event.get("type") in ("message_start", "message_delta"):
             self._anthropic_usage(event)
             if self.carry is not None:  # the client's view states every round's usage

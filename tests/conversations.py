@@ -193,11 +193,21 @@ def turns(messages: Sequence[Mapping[str, Any]]) -> list[Any]:
     ]
 
 
-def follows_strict_rule(messages: Sequence[Mapping[str, Any]]) -> bool:
+def follows_strict_rule(messages: Sequence[Mapping[str, Any]], *, planning: bool = False) -> bool:
     """The test oracle for DESIGN.md §4.6, written independently of `inflight.compaction.units`: one
     optional leading system message; then, ignoring tool results and assistant messages that
-    carry calls, user and assistant alternate, starting with user (at least one user)."""
+    carry calls, user and assistant alternate, starting with user (at least one user).
+    `planning`: as the planner keeps turns alternating, where a system or developer message
+    after the first user message is an instruction that takes no turn (§3; Anthropic's rule for
+    the system messages Claude Code puts in `messages`)."""
     rest = messages[1:] if messages and messages[0].get("role") == "system" else messages
+    if planning:
+        first_user = next((i for i, m in enumerate(rest) if m.get("role") == "user"), len(rest))
+        rest = [
+            m
+            for i, m in enumerate(rest)
+            if i <= first_user or m.get("role") not in ("system", "developer")
+        ]
     spoken = turns(rest)
     alternating = ["user", "assistant"] * (len(spoken) // 2) + ["user"] * (len(spoken) % 2)
     return bool(spoken) and spoken == alternating
@@ -211,13 +221,17 @@ def summary_text(message: Mapping[str, Any]) -> str | None:
     return content if isinstance(content, str) and content.startswith(SUMMARY_PREFIX) else None
 
 
-def strict_floor(messages: Sequence[Mapping[str, Any]], units: Sequence[Unit], head: int) -> int:
+def strict_floor(
+    messages: Sequence[Mapping[str, Any]], units: Sequence[Unit], head: int, *, planning: bool = False
+) -> int:
     """The furthest unit a cut may stand before in a strict chat: after the head's user message
-    the kept turns, and the next turn to come, must go on alternating."""
+    the kept turns, and the next turn to come, must go on alternating (`planning`: instructions
+    take no turn, see `follows_strict_rule`)."""
     after = {"role": "user" if turns(messages)[-1] == "assistant" else "assistant", "content": ""}
     head_messages = list(messages[: units[head - 1].end])
     for first in range(len(units) - 1, head - 1, -1):
-        if follows_strict_rule([*head_messages, *messages[units[first].start :], after]):
+        kept = [*head_messages, *messages[units[first].start :], after]
+        if follows_strict_rule(kept, planning=planning):
             return first
     return head
 

@@ -120,9 +120,10 @@ def check_all(
         floor += marker_tokens(simple_count) if restore else 0
         pinned = [m for m in messages[head_end : last.start] if m.get("role") in HEAD_ROLES]
         floor += sum(simple_count(m) for m in pinned)
-        if follows_strict_rule(messages) and len(units) > head + 1:
-            # the cut can only stand where turns go on alternating
-            first = strict_floor(messages, units, head)
+        if follows_strict_rule(messages, planning=True) and len(units) > head + 1:
+            # the cut can only stand where turns go on alternating (instructions after the first
+            # user message take no turn: the planner keeps the turns around them alternating)
+            first = strict_floor(messages, units, head, planning=True)
             floor += sum(simple_count(m) for m in messages[units[first].start : last.start])
         if floor <= budget.goal:
             assert result.tokens_after <= budget.trigger

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -118,3 +119,47 @@ def _points(messages: list[dict[str, Any]]) -> list[int]:
     from tests.support import request_points
 
     return request_points(messages)
+
+
+MODELS = Path(__file__).resolve().parents[1] / "config" / "models.toml"
+
+
+class _DownStore:
+    """A learned-state store whose every call fails (`refused`) or never answers (`hung`)."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.calls = 0
+
+    async def changed(self, known: Any) -> dict[str, tuple[int, bytes | None]]:
+        self.calls += 1
+        if self.mode == "refused":
+            raise ConnectionRefusedError(111, "Connection refused")
+        await anyio.sleep(3600)
+        return {}
+
+    async def put(self, key: str, version: int, body: bytes) -> int | None:
+        return await self.changed({}) and None
+
+    async def close(self) -> None:
+        return None
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", ["refused", "hung"])
+async def test_a_store_that_is_down_or_hangs_never_fails_or_stalls_a_plan(mode: str) -> None:
+    """Redis stopped or frozen mid-load: the request is planned on this replica's own state
+    within the bound (it was a 500 on every compacting request while Redis was down)."""
+    from inflight.tokens.calibration import Calibration
+    from inflight.windows.registry import WindowRegistry
+    from inflight.windows.shared import REFRESH_BOUND_SECONDS, SharedLearning
+    from inflight.windows.table import ModelTable
+
+    store = _DownStore(mode)
+    table = ModelTable.load(MODELS)
+    learning = SharedLearning(store, Calibration(), WindowRegistry(table, None))
+    with anyio.fail_after(REFRESH_BOUND_SECONDS + 2):
+        for _ in range(3):
+            await learning.refresh("http://u/v1", "qwen2.5-7b-instruct")
+    assert store.calls >= 1
+    assert learning.unavailable == 3

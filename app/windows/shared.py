@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 import orjson
+from redis.exceptions import RedisError
 
 from inflight.tokens.calibration import Calibration, Observed
 from inflight.windows.registry import WindowLearned, WindowRegistry
@@ -31,6 +32,7 @@ PREFIX = "inflight:learned:"
 TTL_SECONDS = 30 * 24 * 3600  # a document nobody wrote for this long is forgotten
 RETRIES = 8  # compare-and-set attempts per sync before the journal waits for the next one
 PUBLISH_BOUND_SECONDS = 0.2  # an answer waits at most this long for its publish (`publish_within`)
+REFRESH_BOUND_SECONDS = 0.5  # a plan waits for the peers' state at most this long
 CLOSE_WAIT_SECONDS = 5.0  # at shutdown, for publishes still under way
 
 # KEYS: the documents; ARGV: the version known of each. Returns key, version, document of
@@ -163,6 +165,7 @@ class SharedLearning:
         self._sync = asyncio.Lock()
         self._publishing: set[asyncio.Task[None]] = set()  # publishes an answer stopped waiting on
         self.late = 0  # publishes that outlasted their bound (the answer went without waiting)
+        self.unavailable = 0  # refreshes the store failed or outlasted (planned on local state)
         calibration.journal = self._took
         windows.journal = self._took
         windows.refresh = self.refresh
@@ -177,10 +180,19 @@ class SharedLearning:
 
     async def refresh(self, base_url: str, model: str) -> None:
         """Bring the documents a plan for `model` at `base_url` reads up to date (and publish
-        what this replica learned meanwhile)."""
-        await self.sync(
-            (Document("calibration", model), Document("windows", model, base_url)), ask=True
-        )
+        what this replica learned meanwhile), within `REFRESH_BOUND_SECONDS`. A store that is
+        down, refuses or hangs never fails or stalls the request: it is planned on what this
+        replica knows (logged, counted in `unavailable`)."""
+        wanted = (Document("calibration", model), Document("windows", model, base_url))
+        try:
+            await asyncio.wait_for(self.sync(wanted, ask=True), REFRESH_BOUND_SECONDS)
+        except (TimeoutError, OSError, RedisError) as exc:
+            self.unavailable += 1
+            if self.unavailable == 1 or self.unavailable % 100 == 0:
+                logger.warning(
+                    "shared learned state unavailable (%s; %d times so far): planning on this "
+                    "replica's own", type(exc).__name__, self.unavailable,
+                )  # fmt: skip
 
     async def flush(self) -> None:
         """Publish what this replica learned (the peers' documents it conflicts with first)."""

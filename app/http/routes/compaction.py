@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, NoReturn
 
 from fastapi import APIRouter, Request
@@ -10,6 +11,7 @@ from starlette.exceptions import HTTPException
 from inflight.compaction.compacted import HISTORY_PARAM
 from inflight.compaction.formats import ApiName
 from inflight.compaction.formats.detect import detect_api
+from inflight.compaction.offload import offload
 from inflight.compaction.report import Preview, count_report, preview_report
 from inflight.http import openapi_compaction
 from inflight.http.routes.passthrough import METHODS
@@ -39,7 +41,10 @@ async def _plan(request: Request, state: State, *, count: bool) -> tuple[ApiName
 async def preview(request: Request, state: State, client: ClientKey) -> dict[str, Any]:
     name, result = await _plan(request, state, count=False)
     history = HISTORY_PARAM[name]
-    return {history: result.forwarded.get(history), "report": preview_report(result)}
+    # the report reads every cut message's identifiers: a large one is worked out off the loop
+    messages = result.conversation.messages
+    report = await offload(messages, partial(preview_report, result), state.compactor.texts)
+    return {history: result.forwarded.get(history), "report": report}
 
 
 @router.post("/v1/compaction/count", openapi_extra=openapi_compaction.COUNT)

@@ -285,10 +285,15 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         slow = stack.enter_context(SlowWrites(port, delay=0.08))
         url = stack.enter_context(serve(fake.app())) + "/v1"
         fleet = Fleet(fake, url, f"redis://127.0.0.1:{slow.port}/", {})
+
+        def stop_all() -> None:  # every replica in the fleet at the end (restarted ones too)
+            for group in fleet.groups.values():
+                for replica in group:
+                    replica.stop()
+
+        stack.callback(stop_all)
         for group, count in GROUPS.items():
             fleet.groups[group] = [Replica(fleet.env(group)) for _ in range(count)]
-            for replica in fleet.groups[group]:
-                stack.callback(replica.stop)
         wait_ready([r for group in fleet.groups.values() for r in group], timeout=80)
         yield fleet
 

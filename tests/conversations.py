@@ -227,7 +227,8 @@ def strict_floor(
     """The furthest unit a cut may stand before in a strict chat: after the head's user message
     the kept turns, and the next turn to come, must go on alternating (`planning`: instructions
     take no turn, see `follows_strict_rule`)."""
-    after = {"role": "user" if turns(messages)[-1] == "assistant" else "assistant", "content": ""}
+    spoken = [t for t in turns(messages) if not (planning and t in ("system", "developer"))]
+    after = {"role": "user" if spoken and spoken[-1] == "assistant" else "assistant", "content": ""}
     head_messages = list(messages[: units[head - 1].end])
     for first in range(len(units) - 1, head - 1, -1):
         kept = [*head_messages, *messages[units[first].start :], after]

@@ -20,6 +20,7 @@ from typing import Any
 import orjson
 
 from bench.compaction import inflight_auto, replay
+from inflight.cli.simulate import common_prefix
 from inflight.compaction.engine import compact
 from inflight.compaction.formats.messages import MessagesFormat
 from inflight.compaction.policy import Budget
@@ -82,11 +83,7 @@ def replay_messages(
         failures += lost or added or bool(rule_violations(out)) or tokens > budget.budget
         now = [_unmarked(m) for m in messages]
         if previous is not None:
-            same = 0
-            for a, b in zip(previous, now, strict=False):
-                if a != b:
-                    break
-                same += 1
+            same = common_prefix(previous, now)
             events += same < len(previous)
             shares.append(_tokens(out, messages[:same], count) / max(1, tokens))
         previous = now

@@ -23,6 +23,7 @@ import anyio
 import httpx
 import orjson
 
+from inflight.cli.simulate import common_prefix
 from inflight.factory import create_app
 from inflight.settings import Settings
 from inflight.tokens.encodings import EncodingSet, load_encodings
@@ -116,11 +117,7 @@ def prompt_changes(bodies: Sequence[Mapping[str, Any]]) -> Reuse:
     for body in bodies:
         now = [orjson.dumps(m) for m in body["messages"]]
         if previous is not None:
-            same = 0
-            for a, b in zip(previous, now, strict=False):
-                if a != b:
-                    break
-                same += 1
+            same = common_prefix(previous, now)
             breaks += same < len(previous)
             shares.append(sum(map(len, now[:same])) / max(1, sum(map(len, now))))
         previous = now

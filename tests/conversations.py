@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 from hypothesis import strategies as st
 
+from inflight.cli.simulate import common_prefix as common_prefix  # re-exported for the tests
 from inflight.compaction.engine import SUMMARY_PREFIX
 from inflight.compaction.units import Unit
 
@@ -171,15 +172,6 @@ def strict_agent_conversation(draw: st.DrawFn) -> list[dict[str, Any]]:
 
 def conversations() -> st.SearchStrategy[list[dict[str, Any]]]:
     return st.one_of(agent_conversation(), strict_conversation(), strict_agent_conversation())
-
-
-def common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def turns(messages: Sequence[Mapping[str, Any]]) -> list[Any]:

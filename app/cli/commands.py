@@ -7,13 +7,16 @@ import ipaddress
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
 from inflight.settings import Settings, config_file, packaged_config_dir
+
+if TYPE_CHECKING:
+    from inflight.tokens.counter import TokenCounter
 
 
 def _is_loopback(host: str) -> bool:
@@ -214,16 +217,7 @@ def _simulate(args: argparse.Namespace) -> int:
             f"{len(turns)} requests, {events} compaction events (*), mean prefix reuse {mean:.0%}"
         )
         if args.compare:
-            from inflight.cli.simulate import compare
-
-            print("\nagainst re-trimming every request (no summaries; a broken request lost its")
-            print("current turn, orphaned a tool call or result, or did not fit):")
-            print(f"{'':<15} {'reuse':>6} {'events':>7} {'broken':>7}")
-            for row in compare(messages, model, window, counter):
-                print(
-                    f"{row.name:<15} {row.reuse:>6.0%} {row.events:>7} "
-                    f"{row.broken:>4} of {row.requests}"
-                )
+            _print_comparison(messages, model, window, counter)
         if args.retention:
             from inflight.cli.retention import offline_table
 
@@ -239,6 +233,19 @@ def _simulate(args: argparse.Namespace) -> int:
             return 2
         print(f"plot written to {args.plot}")
     return 0
+
+
+def _print_comparison(
+    messages: Sequence[Mapping[str, Any]], model: str, window: int, counter: TokenCounter
+) -> None:
+    """`simulate --compare`: inflight's replay beside re-trimming every request."""
+    from inflight.cli.simulate import compare
+
+    print("\nagainst re-trimming every request (no summaries; a broken request lost its")
+    print("current turn, orphaned a tool call or result, or did not fit):")
+    print(f"{'':<15} {'reuse':>6} {'events':>7} {'broken':>7}")
+    for row in compare(messages, model, window, counter):
+        print(f"{row.name:<15} {row.reuse:>6.0%} {row.events:>7} {row.broken:>4} of {row.requests}")
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

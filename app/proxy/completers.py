@@ -140,14 +140,9 @@ def _responses_body(body: dict[str, Any], shape: Shape) -> dict[str, Any]:
 def _response_as_chat_completion(status: int, content: bytes) -> bytes:
     """A Responses answer as a chat completion (its output text, its usage); errors as they
     are. An answer with no output text stays as it is, and the summariser rejects it."""
-    if status >= 400:
-        return content
-    try:
-        response = orjson.loads(content)
-    except orjson.JSONDecodeError:
-        return content
-    output = response.get("output") if isinstance(response, dict) else None
-    if not isinstance(output, list):
+    response = _answer_of(status, content)
+    output = response.get("output") if response is not None else None
+    if response is None or not isinstance(output, list):
         return content
     parts = [
         part
@@ -190,20 +185,27 @@ def anthropic_summary_completer(
 
 def _as_chat_completion(status: int, content: bytes) -> bytes:
     """An Anthropic message as a chat completion (its text, its usage); errors as they are."""
-    if status >= 400:
-        return content
-    try:
-        message = orjson.loads(content)
-    except orjson.JSONDecodeError:
-        return content
-    blocks = message.get("content") if isinstance(message, dict) else None
-    if not isinstance(blocks, list):
+    message = _answer_of(status, content)
+    blocks = message.get("content") if message is not None else None
+    if message is None or not isinstance(blocks, list):
         return content
     text = "".join(
         b["text"] for b in blocks if isinstance(b, dict) and isinstance(b.get("text"), str)
     )
     usage = Usage.from_anthropic(message.get("usage")) or Usage()
     return _chat_completion(text, usage)
+
+
+def _answer_of(status: int, content: bytes) -> dict[str, Any] | None:
+    """A 2xx answer's JSON object, to be read back as a chat completion (None: an error or not
+    an object, passed on as it is for the summariser to reject)."""
+    if status >= 400:
+        return None
+    try:
+        answer = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        return None
+    return answer if isinstance(answer, dict) else None
 
 
 def _list(value: Any) -> list[Any]:

@@ -51,8 +51,11 @@ def _tool_rounds(rounds: int, size: int) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."}]
     messages.append({"role": "user", "content": "Fix the failing test in src/app.py."})
     for i in range(rounds):
-        call = {"id": f"call_{i}", "type": "function",
-                "function": {"name": "shell", "arguments": json.dumps({"cmd": f"cat f{i}.py"})}}
+        call = {
+            "id": f"call_{i}",
+            "type": "function",
+            "function": {"name": "shell", "arguments": json.dumps({"cmd": f"cat f{i}.py"})},
+        }
         messages += [
             {"role": "assistant", "content": None, "tool_calls": [call]},
             {"role": "tool", "tool_call_id": f"call_{i}",
@@ -108,22 +111,44 @@ def _cases() -> list[Case]:
         Case("openapi", "/openapi.json", method="GET"),
         Case("chat", "/v1/chat/completions", chat),
         Case("chat-stream", "/v1/chat/completions", {**chat, "stream": True}),
-        Case("chat-stream-usage", "/v1/chat/completions",
-             {**chat, "stream": True, "stream_options": {"include_usage": True}}),  # fmt: skip
+        Case(
+            "chat-stream-usage",
+            "/v1/chat/completions",
+            {**chat, "stream": True, "stream_options": {"include_usage": True}},
+        ),
         Case("chat-compacted", "/v1/chat/completions", long_chat, headers=small_window),
-        Case("chat-truncate", "/v1/chat/completions", long_chat,
-             headers={**small_window, "X-Compaction-Strategy": "truncate"}),  # fmt: skip
-        Case("chat-prune", "/v1/chat/completions", long_chat,
-             headers={**small_window, "X-Compaction-Strategy": "prune"}),  # fmt: skip
+        Case(
+            "chat-truncate",
+            "/v1/chat/completions",
+            long_chat,
+            headers={**small_window, "X-Compaction-Strategy": "truncate"},
+        ),
+        Case(
+            "chat-prune",
+            "/v1/chat/completions",
+            long_chat,
+            headers={**small_window, "X-Compaction-Strategy": "prune"},
+        ),
         Case("chat-none", "/v1/chat/completions", chat, headers={"X-Compaction-Strategy": "none"}),
         Case("chat-bad-json", "/v1/chat/completions", b'{"model": "x", "messages": ['),
         Case("chat-no-messages", "/v1/chat/completions", {"model": "x"}),
         Case("chat-messages-not-list", "/v1/chat/completions", {"model": "x", "messages": 5}),
-        Case("chat-bad-strategy", "/v1/chat/completions", chat,
-             headers={"X-Compaction-Strategy": "nope"}),  # fmt: skip
-        Case("chat-too-long-error", "/v1/chat/completions", long_chat,
-             headers={"X-Compaction-Context-Limit": "300", "X-Compaction-Strategy": "off",
-                      "X-Compaction-On-Overflow": "error"}),  # fmt: skip
+        Case(
+            "chat-bad-strategy",
+            "/v1/chat/completions",
+            chat,
+            headers={"X-Compaction-Strategy": "nope"},
+        ),
+        Case(
+            "chat-too-long-error",
+            "/v1/chat/completions",
+            long_chat,
+            headers={
+                "X-Compaction-Context-Limit": "300",
+                "X-Compaction-Strategy": "off",
+                "X-Compaction-On-Overflow": "error",
+            },
+        ),
         Case("responses", "/v1/responses", responses),
         Case("responses-stream", "/v1/responses", {**responses, "stream": True}),
         Case("responses-compacted", "/v1/responses", long_responses, headers=small_window),
@@ -133,11 +158,19 @@ def _cases() -> list[Case]:
         Case("messages-compacted", "/v1/messages", long_messages, headers={**ant, **small_window}),
         Case("messages-bad", "/v1/messages", {"model": "x", "max_tokens": 5}, headers=ant),
         Case("preview-chat", "/v1/compaction/preview", long_chat, headers=small_window),
-        Case("preview-messages", "/v1/compaction/preview", long_messages,
-             headers={**ant, **small_window}),  # fmt: skip
+        Case(
+            "preview-messages",
+            "/v1/compaction/preview",
+            long_messages,
+            headers={**ant, **small_window},
+        ),
         Case("count-chat", "/v1/compaction/count", long_chat),
-        Case("count-responses", "/v1/compaction/count", long_responses,
-             headers={"X-Compaction-Format": "responses"}),  # fmt: skip
+        Case(
+            "count-responses",
+            "/v1/compaction/count",
+            long_responses,
+            headers={"X-Compaction-Format": "responses"},
+        ),
         Case("passthrough-models", "/v1/models", method="GET"),
         Case("passthrough-traversal", "/v1/%2e%2e/%2e%2e/x", method="GET"),
         Case("not-found", "/nope", method="GET"),

@@ -1,12 +1,14 @@
 """PostgreSQL usage store, for several replicas sharing one database (`postgresql://…`).
 
-One connection, serialised by a lock (batches make that plenty), opened again on the next call
-after it broke: a database restart costs the calls made while it is down (a 503 for a read, a
-retry for the write queue), never the store itself."""
+One connection, serialised by a lock (batches make that plenty), opened again (and the schema
+created, the first time) on the next call after it broke or could not be made: a database down
+at startup or restarted costs the calls made while it is down (a 503 for a read, a retry then
+the spill file for the write queue), never the store itself or the proxy's start."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -19,6 +21,8 @@ from inflight.usage.costs import add_costs
 from inflight.usage.ledger import LedgerRow
 from inflight.usage.records import UsageRecord
 from inflight.usage.stores import sql
+
+logger = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT = 5  # seconds; a database that does not answer is unavailable, not awaited
 
@@ -33,6 +37,7 @@ class PostgresStore:
         self._url = url
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._opened = False
+        self._schema = False  # created or migrated by this process
         self._lock = asyncio.Lock()
 
     async def _connect(self) -> psycopg.AsyncConnection[Any]:
@@ -41,19 +46,38 @@ class PostgresStore:
         )
 
     async def open(self) -> None:
+        """Connect and create or migrate the schema now if the database answers. One that is
+        down (or not answering within `CONNECT_TIMEOUT`) is not awaited: the proxy starts, the
+        first call that finds it back connects and creates the schema (until then reads raise
+        `StoreUnavailable`, the write queue retries and spills, `/readyz` says not ready). libpq
+        tells a refused login from a server that is down only in its message's text, so a
+        wrong URL is reported the same way, not as a startup error."""
         if self._opened:
             return
+        self._opened = True
+        try:
+            async with self._session():
+                pass
+        except StoreUnavailable as exc:
+            logger.warning(
+                "usage store unreachable at startup, connecting later: %s", exc.__cause__
+            )
+
+    async def _reach(self) -> psycopg.AsyncConnection[Any]:
+        """A new connection; the first one made by this process creates or migrates the schema."""
         conn = await self._connect()
+        if self._schema:
+            return conn
         try:
             await self._create_schema(conn)
         except BaseException:
             await conn.close()
             raise
-        self._conn = conn
-        self._opened = True
+        self._schema = True
+        return conn
 
     async def _create_schema(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        async with self._lock, conn.transaction():
+        async with conn.transaction():
             # One replica at a time creates or migrates the schema.
             await conn.execute("SELECT pg_advisory_xact_lock(7241)")
             for statement in sql.CREATE:
@@ -79,7 +103,7 @@ class PostgresStore:
             try:
                 if self._conn is None or self._conn.closed or self._conn.broken:
                     await self._discard()
-                    self._conn = await self._connect()
+                    self._conn = await self._reach()
                 yield self._conn
             except LOST as exc:
                 await self._discard()

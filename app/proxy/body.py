@@ -74,12 +74,22 @@ async def read_body(request: Request, limit: int, within: float | None = None) -
     return b"".join(chunks)
 
 
-async def limited_stream(request: Request, limit: int) -> AsyncIterator[bytes]:
-    """The body as a stream (pass-through), failing once it passes `limit` bytes."""
+async def limited_stream(
+    request: Request, limit: int, within: float | None = None
+) -> AsyncIterator[bytes]:
+    """The body as a stream (pass-through), failing as `read_body` fails: once it passes
+    `limit` bytes, when it has not all arrived `within` seconds after reading began, or when
+    the client hangs up meanwhile."""
     check_declared_length(request, limit)
     size = 0
+    deadline = None if within is None else anyio.current_time() + within
+    chunks = aiter(request.stream())
     try:
-        async for chunk in request.stream():
+        while True:
+            with anyio.fail_after(None if deadline is None else deadline - anyio.current_time()):
+                chunk = await anext(chunks, None)
+            if chunk is None:
+                return
             size += len(chunk)
             if size > limit:
                 raise _too_large(limit)
@@ -87,6 +97,9 @@ async def limited_stream(request: Request, limit: int) -> AsyncIterator[bytes]:
     except ClientDisconnect:
         logger.info("client hung up after %d body bytes of %s", size, request.url.path)
         raise ClientGone("the client disconnected before its body was read") from None
+    except TimeoutError:
+        logger.info("body of %s not read within %s s (%d bytes)", request.url.path, within, size)
+        raise BodyTimeout(f"the request body did not arrive within {within:g} s") from None
 
 
 def body_owner(request: Request) -> bytes:

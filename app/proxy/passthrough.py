@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from inflight.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
-from inflight.proxy.body import limited_stream
+from inflight.proxy.body import ClientGone, limited_stream
 from inflight.proxy.headers import filter_request_headers, filter_response_headers
 from inflight.proxy.recording import passthrough_record, passthrough_route
 from inflight.proxy.relay import RelayResponse, RelayResult
@@ -29,6 +29,14 @@ def _has_body(request: Request) -> bool:
     if length is not None:
         return length.strip() not in ("", "0")
     return "transfer-encoding" in request.headers
+
+
+def _outcome_of(error: ProxyError) -> Outcome:
+    """How a request that failed before its answer came ends: the upstream's failure, the
+    client's hang-up during its upload, or a refusal (a body too large or too slow, a path)."""
+    if isinstance(error, UpstreamTimeout | UpstreamUnavailable):
+        return "upstream_error"
+    return "client_disconnected" if isinstance(error, ClientGone) else "rejected"
 
 
 class PassthroughService:
@@ -59,17 +67,18 @@ class PassthroughService:
             identity=False,
             key_header="x-api-key" if anthropic else "authorization",
         )
+        settings = self._settings
         content = (
-            limited_stream(request, self._settings.max_body_bytes) if _has_body(request) else None
+            limited_stream(request, settings.max_body_bytes, settings.body_read_timeout)
+            if _has_body(request)
+            else None
         )
         url = self._upstream.url(route, v1_path, request.scope.get("query_string", b""))
         api = passthrough_route(v1_path)
         try:
             upstream = await self._upstream.send(request.method, url, headers, content)
         except ProxyError as exc:
-            failed = isinstance(exc, UpstreamTimeout | UpstreamUnavailable)
-            outcome: Outcome = "upstream_error" if failed else "rejected"
-            self._done(api, exc.status_code, outcome, started, None, client_key_id)
+            self._done(api, exc.status_code, _outcome_of(exc), started, None, client_key_id)
             raise
         status = upstream.status_code
 

@@ -232,6 +232,7 @@ def _lifespan(
         finally:
             await state.readiness.aclose()  # before what it probes
             await background.aclose()  # cancel background summaries before their upstream
+            await state.ledger.aclose()  # and the ledger's work on references, before the flush
             await state.queue.close()  # flush every record before the store closes
             await state.store.close()
             await state.upstream.aclose()

@@ -95,7 +95,8 @@ async def traffic(
 async def test_stats_cost_object(traffic: dict[str, Any], fake: FakeUpstream) -> None:
     cost = traffic["cost"]
     assert set(cost) == {"currency", "actual", "baseline", "saved", "summaries",
-                         "saved_by_fit", "saved_by_cost_mode", "unpriced_requests"}  # fmt: skip
+                         "saved_by_fit", "saved_by_cost_mode", "unpriced_requests",
+                         "realised_net"}  # fmt: skip
     assert cost["currency"] == "USD"
     assert cost["unpriced_requests"] == 1
     assert cost["saved"] == pytest.approx(cost["baseline"] - cost["actual"], abs=1e-6)
@@ -289,7 +290,7 @@ async def check_money(store: UsageStore) -> None:
         assert stats["cost"] == {
             "currency": "USD", "actual": 0.025, "baseline": 0.04, "saved": 0.015,
             "summaries": 0.005, "saved_by_fit": 0.0, "saved_by_cost_mode": 0.0,
-            "unpriced_requests": 1,
+            "unpriced_requests": 1, "realised_net": 0.0,
         }  # fmt: skip
         assert stats["models"]["gpt-4o"]["cost"]["actual"] == 0.025
         activity = await store.activity(1_000_000.0, 60, 10)

@@ -158,6 +158,16 @@ def check_figures(driver: WebDriver, stats: dict[str, Any]) -> None:
     assert _text(driver, "kpi-saved-by") == (
         f"{usd(cost['saved_by_fit'])} by fit · {usd(cost['saved_by_cost_mode'])} by cost mode"
     )
+    ledger = stats["ledger"]
+    assert _text(driver, "kpi-realised") == (
+        f"{usd(ledger['realised_net'])} realised net of {ledger['realised_events']:,} events "
+        f"over {ledger['realised_turns']:,} requests after"
+    )
+    assert _text(driver, "kpi-lost-refs") == f"{ledger['lost_per_event']:.2f}"
+    assert _text(driver, "kpi-refs") == (
+        f"{ledger['facts_retained']:,} retained · {ledger['facts_restorable']:,} restorable · "
+        f"{ledger['facts_lost']:,} lost in {ledger['rows_with_facts']:,} events"
+    )
     rows = driver.find_elements(By.CSS_SELECTOR, "#models tbody tr")
     assert {r.get_attribute("data-model") for r in rows} == set(stats["models"])
     for row in rows:
@@ -188,16 +198,33 @@ def check_figures(driver: WebDriver, stats: dict[str, Any]) -> None:
     }
 
 
+def settled_stats(
+    driver: WebDriver, base_url: str, headers: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """`/stats` once every ledger row has its references' fates (worked out after the answers,
+    off the event loop): polled by the driver's bounded wait."""
+    found: dict[str, Any] = {}
+
+    def settled(_: WebDriver) -> bool:
+        found.update(httpx.get(f"{base_url}/stats", headers=headers, timeout=WAIT).json())
+        return bool(found["ledger"]["rows_with_facts"] == found["ledger"]["rows"])
+
+    WebDriverWait(driver, WAIT).until(settled)
+    return found
+
+
 def test_dashboard_shows_what_stats_has(
     browser: WebDriver, proxy: tuple[str, WatchedStore], fake: FakeUpstream
 ) -> None:
     base_url, store = proxy
     records = fill(base_url, store, fake, {})
-    stats = httpx.get(f"{base_url}/stats", timeout=WAIT).json()
+    stats = settled_stats(browser, base_url)
     assert stats["cost"]["saved"] != 0  # the fake reports no cache hits: the sign may be either
     assert stats["cost"]["unpriced_requests"] == 1
     assert stats["cost"]["saved_by_fit"] != 0
     assert stats["cost"]["saved_by_cost_mode"] != 0  # the request only cost mode cut
+    assert stats["ledger"]["rows_with_facts"] > 0  # each compacted request's references
+    assert stats["ledger"]["realised_events"] > 0  # the gpt-4o conversation's events
     assert stats["compactions"]
     assert stats["summary_calls"] >= 1
     assert stats["summaries"]["stand_ins"]  # the share of requests with a summary is shown
@@ -220,9 +247,7 @@ def test_keyed_dashboard_shows_nothing_without_a_key(
 ) -> None:
     base_url, store = keyed_proxy
     fill(base_url, store, fake, {"authorization": f"Bearer {KEY}"})
-    stats = httpx.get(
-        f"{base_url}/stats", headers={"authorization": f"Bearer {KEY}"}, timeout=WAIT
-    ).json()
+    stats = settled_stats(browser, base_url, {"authorization": f"Bearer {KEY}"})
     browser.get(f"{base_url}/dashboard")
     login = browser.find_element(By.ID, "login")
     WebDriverWait(browser, WAIT).until(lambda d: login.is_displayed())

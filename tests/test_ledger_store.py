@@ -69,12 +69,16 @@ async def test_expired_rows_are_deleted_on_write_and_at_open(tmp_path: Path) -> 
 
     assert ids() == ["old", "older"]  # expired, but never returned (test_sqlite_ledger_rows)
     with sqlite3.connect(path) as conn:
-        conn.execute("INSERT INTO inflight_ledger VALUES ('stale', 'k1', 0, 1, '{}')")
+        conn.execute(
+            "INSERT INTO inflight_ledger (id, owner, created, expires, document) VALUES ('stale', 'k1', 0, 1, '{}')"
+        )
     await store.write_ledger([row("new")])  # each write deletes what has expired
     assert ids() == ["new"]
     await store.close()
     with sqlite3.connect(path) as conn:
-        conn.execute("INSERT INTO inflight_ledger VALUES ('stale', 'k1', 0, 1, '{}')")
+        conn.execute(
+            "INSERT INTO inflight_ledger (id, owner, created, expires, document) VALUES ('stale', 'k1', 0, 1, '{}')"
+        )
     reopened = open_store(f"sqlite:///{path}")
     await reopened.open()
     assert ids() == ["new"]
@@ -103,15 +107,22 @@ def pg() -> Iterator[str]:
         yield url
 
 
+async def fresh_postgres(url: str) -> None:
+    """The database at `url` with the current schema and no rows."""
+    import psycopg
+
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        await conn.execute("DROP TABLE IF EXISTS inflight_usage, inflight_schema, inflight_ledger")
+    first = open_store(url)
+    await first.open()
+    await first.close()
+
+
 @pytest.mark.postgres
 async def test_postgres_ledger_rows_and_migration(pg: str) -> None:
     import psycopg
 
-    async with await psycopg.AsyncConnection.connect(pg, autocommit=True) as conn:
-        await conn.execute("DROP TABLE IF EXISTS inflight_usage, inflight_schema, inflight_ledger")
-    first = open_store(pg)
-    await first.open()
-    await first.close()
+    await fresh_postgres(pg)
     async with await psycopg.AsyncConnection.connect(pg, autocommit=True) as conn:
         await conn.execute("DROP TABLE inflight_ledger")  # as version 3 left it
         await conn.execute("ALTER TABLE inflight_usage DROP COLUMN id")  # (its index too)
@@ -121,7 +132,9 @@ async def test_postgres_ledger_rows_and_migration(pg: str) -> None:
     async with await psycopg.AsyncConnection.connect(pg, autocommit=True) as conn:
         cursor = await conn.execute("SELECT version FROM inflight_schema")
         assert (await cursor.fetchone()) == (SCHEMA_VERSION,)
-        await conn.execute("INSERT INTO inflight_ledger VALUES ('stale', 'k1', 0, 1, '{}')")
+        await conn.execute(
+            "INSERT INTO inflight_ledger (id, owner, created, expires, document) VALUES ('stale', 'k1', 0, 1, '{}')"
+        )
     store = open_store(pg)
     await store.open()  # deletes what expired
     try:

@@ -85,7 +85,22 @@ def _cost_lines(stats: Mapping[str, Any]) -> list[str]:
         f"  of which summary calls {usd(cost.get('summaries', 0.0))}; "
         f"unpriced requests {cost.get('unpriced_requests', 0)}"
     )
-    return lines
+    return lines + _ledger_lines(stats)
+
+
+def _ledger_lines(stats: Mapping[str, Any]) -> list[str]:
+    """From the ledger's rows: the realised net of compaction events, and the references of
+    what the compacted requests cut (DESIGN.md §14, §16)."""
+    ledger = stats.get("ledger")
+    if not ledger or not ledger.get("rows"):
+        return []
+    return [
+        f"  realised net of {ledger['realised_events']} compaction events "
+        f"{usd(ledger['realised_net'])} over {ledger['realised_turns']} requests after them",
+        f"references cut     {ledger['facts_retained']} retained, "
+        f"{ledger['facts_restorable']} restorable, {ledger['facts_lost']} lost "
+        f"({ledger['lost_per_event']} lost per event, {ledger['rows_with_facts']} events)",
+    ]
 
 
 def _by_reason(counts: Mapping[str, int]) -> str:

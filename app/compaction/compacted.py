@@ -16,7 +16,7 @@ from inflight.compaction.cost_mode import CutFor
 from inflight.compaction.cuts import Cut, cuts_of
 from inflight.compaction.formats import ApiName, Conversation, WireFormat
 from inflight.compaction.offload import offload
-from inflight.compaction.report import Preview, report_headers
+from inflight.compaction.report import Preview, facts_report, report_headers
 from inflight.compaction.summary.prompt import SummaryUsage
 from inflight.errors import ContextLengthExceeded
 from inflight.settings import OnOverflow
@@ -30,6 +30,10 @@ HISTORY_PARAM: dict[ApiName, str] = {
     "responses": "input",
     "messages": "messages",
 }
+
+# The largest cut (tokens of the messages cut) whose references the ledger row gets: their
+# fates take CPU time in proportion to the cut span and the forwarded prompt.
+FACTS_TOKENS = 500_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +60,10 @@ class Compacted:
     client: str = ""  # who sent it (`inflight.credentials.client_identity`): whose window it taught
     economics: Mapping[str, object] | None = None  # the cut's costs and savings (§16)
     cut_for: CutFor | None = None  # why it was cut: to fit, or for cost only (§16)
+    events: int = 0  # the compaction events of its plan (one more than the last request's: new)
+    # works out the fates of the cut span's references for the ledger row (`facts_report`):
+    # CPU-heavy on a large cut, so run off the event loop, never before the answer
+    facts: Callable[[], Mapping[str, int]] | None = None
 
 
 def view_body(conversation: Conversation) -> dict[str, Any]:
@@ -94,6 +102,7 @@ def compacted_of(wire: WireFormat, preview: Preview, on_overflow: OnOverflow) ->
         after_answer=preview.after,
         economics=None if preview.economics is None else preview.economics.as_dict(),
         cut_for=result.plan.cut_for if result.applied else None,
+        events=len(result.plan.events),
     )
 
 
@@ -126,7 +135,9 @@ async def ledgered(
         return compacted
     ledger_id = secrets.token_urlsafe(16)
     headers = {**compacted.headers, "X-Compaction-Id": ledger_id}
-    return replace(compacted, headers=headers, ledger_id=ledger_id, cuts=cuts)
+    # a cut too large to work out its references in bounded time keeps null facts
+    facts = partial(facts_report, preview) if sum(c.tokens for c in cuts) <= FACTS_TOKENS else None
+    return replace(compacted, headers=headers, ledger_id=ledger_id, cuts=cuts, facts=facts)
 
 
 def _cuts(preview: Preview, counter: TokenCounter, full: bool) -> tuple[Cut, ...]:

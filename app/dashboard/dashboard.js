@@ -87,6 +87,14 @@
     // Net of each kind of cut: requests cut to fit the window, and those only cost mode cut.
     $("kpi-saved-by").textContent = usd(cost.saved_by_fit) + " by fit · " +
       usd(cost.saved_by_cost_mode) + " by cost mode";
+    // From the ledger: each compaction event's realised net, and the references its cut lost.
+    const ledger = stats.ledger || {};
+    $("kpi-realised").textContent = usd(ledger.realised_net) + " realised net of " +
+      int(ledger.realised_events) + " events over " + int(ledger.realised_turns) + " requests after";
+    $("kpi-lost-refs").textContent = (ledger.lost_per_event || 0).toFixed(2);
+    $("kpi-refs").textContent = int(ledger.facts_retained) + " retained · " +
+      int(ledger.facts_restorable) + " restorable · " + int(ledger.facts_lost) + " lost in " +
+      int(ledger.rows_with_facts) + " events";
   }
 
   function bars(container, entries, format) {

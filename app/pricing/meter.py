@@ -5,6 +5,8 @@ Summary calls cost what they cost and have no baseline (the uncompacted request 
 restore's extra rounds are in the actual cost only (the baseline prices one round).
 A record without upstream usage costs nothing, except a stream the client abandoned: the
 upstream read its prompt, so that is priced from the proxy's own count of what was sent.
+It also keeps the realised net of each conversation's last compaction event (`RealisedNets`):
+a priced chat record carries the update of that event's ledger row as its `realised`.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from typing import Any
 
 from inflight.pricing.cost import Billed, baseline_billed, dollars
 from inflight.pricing.history import PromptHistory, conversation_items, conversation_key
+from inflight.pricing.realised import RealisedNets
 from inflight.pricing.table import ModelPrice, PriceTable
+from inflight.usage.ledger import LedgerUpdate
 from inflight.usage.records import UsageRecord
 
 
@@ -58,31 +62,49 @@ def one_round_of(record: UsageRecord, billed: Billed) -> Billed:
 
 
 class CostMeter:
-    """Prices records against a `PriceTable`, remembering prompts for the baseline."""
+    """Prices records against a `PriceTable`, remembering prompts for the baseline and each
+    conversation's last compaction event for its realised net."""
 
     def __init__(self, table: PriceTable) -> None:
         self.table = table
         self._history = PromptHistory(table.baseline.conversations)
+        self._realised = RealisedNets(table.baseline.conversations)
 
     def priced(self, record: UsageRecord, body: Mapping[str, Any] | None) -> UsageRecord:
-        """`record` with its `cost` and `baseline_cost` (passthrough records stay unpriced)."""
+        """`record` with its `cost` and `baseline_cost` (passthrough records stay unpriced), and
+        the update of its conversation's last compaction event's ledger row, if any."""
         if record.kind == "passthrough":
             return record
-        costs = self.costs(record, body)
-        return replace(record, cost=costs.actual, baseline_cost=costs.baseline, one_round=None)
+        costs, realised = self._costs(record, body)
+        return replace(
+            record,
+            cost=costs.actual,
+            baseline_cost=costs.baseline,
+            one_round=None,
+            realised=realised,
+        )
 
     def costs(self, record: UsageRecord, body: Mapping[str, Any] | None) -> Costs:
         """`body` is the request as the client sent it (before compaction), if there is one."""
+        return self._costs(record, body)[0]
+
+    def _costs(
+        self, record: UsageRecord, body: Mapping[str, Any] | None
+    ) -> tuple[Costs, LedgerUpdate | None]:
         price = self.table.lookup(record.model)
         if price is None:
-            return UNPRICED
+            return UNPRICED, None
         billed = billed_of(record)
         actual = dollars(price, billed)
         removed = record.tokens_before - record.tokens_after
         if record.kind != "chat" or billed.prompt == 0:
-            return Costs(actual, 0.0 if record.kind != "chat" else actual)
-        baseline = self._baseline(price, record, one_round_of(record, billed), body)
-        return Costs(actual, actual if removed <= 0 else baseline)
+            return Costs(actual, 0.0 if record.kind != "chat" else actual), None
+        one = one_round_of(record, billed)
+        key, baseline = self._baseline(price, record, one, body)
+        realised = None
+        if key is not None:
+            realised = self._realised.observe(key, record, price, one, baseline)
+        return Costs(actual, actual if removed <= 0 else dollars(price, baseline)), realised
 
     def _baseline(
         self,
@@ -90,14 +112,15 @@ class CostMeter:
         record: UsageRecord,
         billed: Billed,
         body: Mapping[str, Any] | None,
-    ) -> float:
+    ) -> tuple[bytes | None, Billed]:
+        """The conversation's key (None without a history) and the uncompacted baseline."""
         rules = self.table.baseline
         removed = max(0, record.tokens_before - record.tokens_after)
         items = conversation_items(body) if body is not None else None
         if body is None or items is None:
-            return dollars(price, baseline_billed(price, rules, billed, removed, 0))
+            return None, baseline_billed(price, rules, billed, removed, 0)
         key = conversation_key(record.model, body, items)
         prompt = billed.prompt + removed
         ttl = rules.ttl(price.caching)
         reusable = self._history.observe(key, items, prompt, record.ts, ttl)
-        return dollars(price, baseline_billed(price, rules, billed, removed, reusable))
+        return key, baseline_billed(price, rules, billed, removed, reusable)

@@ -64,6 +64,7 @@ def records_for(exchange: Exchange) -> list[UsageRecord]:
     now = time.time()
     request_id = uuid.uuid4().hex
     usage = exchange.usage
+    compacted = exchange.compacted
     records = [
         UsageRecord(
             ts=now,
@@ -86,7 +87,9 @@ def records_for(exchange: Exchange) -> list[UsageRecord]:
             context_limit=exchange.context_limit,
             route=exchange.route,
             one_round=one_round(usage),
-            cut_for=exchange.compacted.cut_for if exchange.compacted is not None else None,
+            cut_for=compacted.cut_for if compacted is not None else None,
+            ledger_id=compacted.ledger_id if compacted is not None else None,
+            events=compacted.events if compacted is not None else 0,
         )
     ]
     summary = exchange.summary_usage

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from inflight.compaction.cost_mode import CutFor
-from inflight.usage.ledger import LedgerRow
+from inflight.usage.ledger import LedgerRow, LedgerUpdate
 
 if TYPE_CHECKING:
     from inflight.usage.stores.spill import SpillFile
@@ -88,9 +88,15 @@ class UsageRecord:
     # The record's own id (a request's summary calls share its `request_id`): a record written
     # twice (a retry after a lost acknowledgement, a spill replayed) is stored once.
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    # Not stored: the request's ledger row (`X-Compaction-Id`) and its plan's compaction events
+    # (a new event, or the last one carried forward), for the realised net (DESIGN.md §16) ...
+    ledger_id: str | None = None
+    events: int = 0
+    # ... and once priced, the update of the conversation's last event's row it makes
+    realised: LedgerUpdate | None = None
 
 
-Item = UsageRecord | LedgerRow  # what the write queue carries
+Item = UsageRecord | LedgerRow | LedgerUpdate  # what the write queue carries
 
 
 class UsageStore(Protocol):
@@ -106,12 +112,14 @@ class UsageStore(Protocol):
         """`series`: usage in `bucket`-second buckets from `since`; `recent`: the last requests."""
         ...
 
-    async def write_ledger(self, rows: Sequence[LedgerRow]) -> None:
-        """Insert ledger rows (one already there is left as it is) and delete expired ones."""
+    async def write_ledger(self, rows: Sequence[LedgerRow | LedgerUpdate]) -> None:
+        """Insert ledger rows (one already there is left as it is), then apply the updates in
+        order (one of a row not there changes nothing), and delete expired rows."""
         ...
 
     async def read_ledger(self, ledger_id: str, owner: str, now: float) -> bytes | None:
-        """The JSON of the row with this id and owner that has not expired at `now`."""
+        """The JSON of the row with this id and owner that has not expired at `now`, its late
+        fields (`LATE_FIELDS`) included."""
         ...
 
     async def ping(self) -> bool: ...
@@ -142,7 +150,9 @@ class UsageQueue:
     Ledger rows (DESIGN.md §11) travel the same way; until one is written (or spilled),
     `unwritten` finds it, so a client reads its ledger on this replica the moment its response
     has been sent. Rows that keep originals (`INFLIGHT_LEDGER=full`) also count their bytes:
-    past `max_ledger_bytes` waiting, new ones are dropped and counted too.
+    past `max_ledger_bytes` waiting, new ones are dropped and counted too. Updates of ledger
+    rows (`LedgerUpdate`, also carried by a record as its `realised`) follow their rows; until
+    written, `pending_update` finds what they set.
     """
 
     def __init__(
@@ -177,6 +187,8 @@ class UsageQueue:
         self._task: asyncio.Task[None] | None = None
         self._in_hand: list[Item] = []  # the batch being written, kept across retries
         self._unwritten: dict[str, LedgerRow] = {}  # ledger rows queued, not written yet
+        # what the updates queued and not written yet set, per row, and how many they are
+        self._updates: dict[str, tuple[LedgerUpdate, int]] = {}
         self._idle = asyncio.Event()  # set while no write is in flight
         self._idle.set()
         self.written = 0
@@ -193,11 +205,24 @@ class UsageQueue:
         """The ledger row with this id if it is queued and not written yet."""
         return self._unwritten.get(ledger_id)
 
+    def pending_update(self, ledger_id: str) -> LedgerUpdate | None:
+        """What the updates of this ledger row queued and not written yet set, if any."""
+        held = self._updates.get(ledger_id)
+        return None if held is None else held[0]
+
     def submit(self, record: Item) -> None:
+        self._put(record)
+        if isinstance(record, UsageRecord) and record.realised is not None:
+            self._put(record.realised)  # after the record: its row's update
+
+    def _put(self, record: Item) -> None:
         try:
             if isinstance(record, LedgerRow):
                 self._hold(record)
             self._queue.put_nowait(record)
+            if isinstance(record, LedgerUpdate):
+                was, count = self._updates.get(record.id, (None, 0))
+                self._updates[record.id] = (record.over(was), count + 1)
         except asyncio.QueueFull:
             if isinstance(record, LedgerRow):
                 self._release([record])
@@ -215,10 +240,16 @@ class UsageQueue:
         self._unwritten[row.id] = row
 
     def _release(self, items: Sequence[Item]) -> None:
-        """Forget ledger rows written, spilled (or given up on)."""
+        """Forget ledger rows and updates written, spilled (or given up on)."""
         for item in items:
             if isinstance(item, LedgerRow) and self._unwritten.pop(item.id, None) is not None:
                 self._ledger_bytes -= item.size
+            elif isinstance(item, LedgerUpdate) and item.id in self._updates:
+                update, count = self._updates[item.id]
+                if count > 1:
+                    self._updates[item.id] = (update, count - 1)
+                else:
+                    del self._updates[item.id]
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="inflight-usage-writer")
@@ -324,10 +355,10 @@ class UsageQueue:
         return False
 
     async def _write_items(self, items: Sequence[Item]) -> None:
-        """Ledger rows first (idempotent: a retry after the records failed rewrites nothing),
-        then the usage records (idempotent too, by their ids)."""
-        rows = [item for item in items if isinstance(item, LedgerRow)]
-        records = [item for item in items if not isinstance(item, LedgerRow)]
+        """Ledger rows and their updates first (idempotent: a retry after the records failed
+        rewrites nothing), then the usage records (idempotent too, by their ids)."""
+        rows = [item for item in items if not isinstance(item, UsageRecord)]
+        records = [item for item in items if isinstance(item, UsageRecord)]
         if rows:
             await self._store.write_ledger(rows)
             self._release(rows)

@@ -18,7 +18,7 @@ import psycopg
 
 from inflight.errors import StoreUnavailable
 from inflight.usage.costs import add_costs
-from inflight.usage.ledger import LedgerRow
+from inflight.usage.ledger import LedgerRow, LedgerUpdate
 from inflight.usage.records import UsageRecord
 from inflight.usage.stores import sql
 
@@ -118,17 +118,22 @@ class PostgresStore:
         async with self._session() as conn, conn.transaction(), conn.cursor() as cursor:
             await cursor.executemany(sql.insert_sql("%s"), sql.rows(records))
 
-    async def write_ledger(self, rows: Sequence[LedgerRow]) -> None:
-        values = await asyncio.to_thread(sql.ledger_rows, rows)  # full originals: MBs of JSON
+    async def write_ledger(self, rows: Sequence[LedgerRow | LedgerUpdate]) -> None:
+        inserts = sql.ledger_inserts(rows)
+        values = await asyncio.to_thread(sql.ledger_rows, inserts)  # full originals: MBs of JSON
+        updates = sql.ledger_updates(rows)
         async with self._session() as conn, conn.transaction(), conn.cursor() as cursor:
             await cursor.execute(sql.delete_expired_sql("%s"), (time.time(),))
-            await cursor.executemany(sql.insert_ledger_sql("%s"), values)
+            if values:
+                await cursor.executemany(sql.insert_ledger_sql("%s"), values)
+            if updates:
+                await cursor.executemany(sql.update_ledger_sql("%s"), updates)
 
     async def read_ledger(self, ledger_id: str, owner: str, now: float) -> bytes | None:
         async with self._session() as conn:
             cursor = await conn.execute(sql.read_ledger_sql("%s"), (ledger_id, owner, now))
             found = await cursor.fetchone()
-        return None if found is None else str(found[0]).encode()
+        return None if found is None else sql.ledger_document(found)
 
     async def totals(self) -> dict[str, Any]:
         async with self._session() as conn:
@@ -136,7 +141,8 @@ class PostgresStore:
             strategies = await (await conn.execute(sql.STRATEGIES)).fetchall()
             recent = await (await conn.execute(sql.RECENT)).fetchall()
             costs = await (await conn.execute(sql.COSTS)).fetchall()
-        return add_costs(sql.summarize(groups, strategies, recent), costs)
+            ledger = await (await conn.execute(sql.LEDGER_TOTALS)).fetchone()
+        return sql.add_ledger(add_costs(sql.summarize(groups, strategies, recent), costs), ledger)
 
     async def activity(self, since: float, bucket: int, recent: int) -> dict[str, Any]:
         series = sql.series_sql("%s", "FLOOR(ts / %s) * %s")

@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from inflight.usage.ledger import LedgerRow
+from inflight.usage.ledger import LATE_FIELDS, LedgerRow, LedgerUpdate
 from inflight.usage.records import Item, UsageRecord
 from inflight.usage.stores.sql import COLUMNS
 
@@ -31,7 +31,9 @@ class SpilledLedgerRow(LedgerRow):
 
 
 def encode(item: Item) -> bytes:
-    """One JSON line for a record or a ledger row (its document rendered now)."""
+    """One JSON line for a record, a ledger row (its document rendered now) or an update."""
+    if isinstance(item, LedgerUpdate):
+        return orjson.dumps({"ledger_update": {"id": item.id, **item.known()}}) + b"\n"
     if isinstance(item, LedgerRow):
         row = {"id": item.id, "owner": item.owner, "created": item.created,
                "expires": item.expires, "document": item.json().decode()}  # fmt: skip
@@ -43,6 +45,9 @@ def encode(item: Item) -> bytes:
 def decode(line: bytes) -> Item:
     """The record or ledger row of a line `encode` wrote (ValueError/KeyError/TypeError if not)."""
     value = orjson.loads(line)
+    if "ledger_update" in value:
+        update = value["ledger_update"]
+        return LedgerUpdate(str(update["id"]), **{k: update[k] for k in LATE_FIELDS if k in update})
     if "ledger" in value:
         row = value["ledger"]
         return SpilledLedgerRow(

@@ -6,7 +6,9 @@ for chat records, `/v1/<api>` for passthrough records, empty for summary calls);
 4 adds the `inflight_ledger` table (DESIGN.md §11: one row per compacted request, its JSON
 document, its owner and expiry); 5 adds `id`, each record's own id under a unique index, so a
 batch written again (a retry after a lost acknowledgement, a spill file replayed) adds nothing;
-6 adds `cut_for` (`fit` or `cost`: why compaction changed the request, DESIGN.md §16).
+6 adds `cut_for` (`fit` or `cost`: why compaction changed the request, DESIGN.md §16);
+7 adds the ledger's late fields (`LATE_FIELDS`): `facts_retained`, `facts_restorable`,
+`facts_lost` (DESIGN.md §14), `realised_net` and `realised_turns` (§16), null until known.
 """
 
 from __future__ import annotations
@@ -14,10 +16,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from inflight.usage.ledger import LedgerRow
+from inflight.usage.costs import DIGITS
+from inflight.usage.ledger import LATE_FIELDS, LedgerRow, LedgerUpdate, with_late_fields
 from inflight.usage.records import APIS, UsageRecord, api_of
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 COLUMNS = (
     "ts", "request_id", "kind", "model", "client_key_id", "stream", "status", "outcome",
@@ -32,10 +35,35 @@ CREATE_LEDGER = [
         owner TEXT NOT NULL,
         created DOUBLE PRECISION NOT NULL,
         expires DOUBLE PRECISION NOT NULL,
-        document TEXT NOT NULL
+        document TEXT NOT NULL,
+        facts_retained BIGINT,
+        facts_restorable BIGINT,
+        facts_lost BIGINT,
+        realised_net DOUBLE PRECISION,
+        realised_turns BIGINT
     )""",
     "CREATE INDEX IF NOT EXISTS inflight_ledger_expires ON inflight_ledger (expires)",
 ]
+# The ledger table as version 4 made it, and the late fields version 7 adds to it (a store older
+# than version 4 has no ledger table: `CREATE` has just made it whole).
+LEDGER_V4 = [
+    """CREATE TABLE IF NOT EXISTS inflight_ledger (
+        id TEXT PRIMARY KEY,
+        owner TEXT NOT NULL,
+        created DOUBLE PRECISION NOT NULL,
+        expires DOUBLE PRECISION NOT NULL,
+        document TEXT NOT NULL
+    )""",
+    CREATE_LEDGER[1],
+]
+LEDGER_V7 = [
+    "ALTER TABLE inflight_ledger ADD COLUMN facts_retained BIGINT",
+    "ALTER TABLE inflight_ledger ADD COLUMN facts_restorable BIGINT",
+    "ALTER TABLE inflight_ledger ADD COLUMN facts_lost BIGINT",
+    "ALTER TABLE inflight_ledger ADD COLUMN realised_net DOUBLE PRECISION",
+    "ALTER TABLE inflight_ledger ADD COLUMN realised_turns BIGINT",
+]
+LEDGER_SINCE = 4  # the version that added the ledger table
 CREATE = [
     """CREATE TABLE IF NOT EXISTS inflight_schema (version INTEGER NOT NULL)""",
     """CREATE TABLE IF NOT EXISTS inflight_usage (
@@ -78,9 +106,10 @@ MIGRATIONS: dict[int, list[str]] = {
         "ALTER TABLE inflight_usage ADD COLUMN cost DOUBLE PRECISION",
         "ALTER TABLE inflight_usage ADD COLUMN baseline_cost DOUBLE PRECISION",
     ],
-    4: CREATE_LEDGER,
+    4: LEDGER_V4,
     5: ["ALTER TABLE inflight_usage ADD COLUMN id TEXT"],
     6: ["ALTER TABLE inflight_usage ADD COLUMN cut_for TEXT"],
+    7: LEDGER_V7,
 }
 # Run after the migrations (a table older than version 5 has no `id` column before them). Rows
 # from before version 5 have a NULL id, which a unique index allows any number of times.
@@ -90,7 +119,12 @@ INDEXES = ["CREATE UNIQUE INDEX IF NOT EXISTS inflight_usage_id ON inflight_usag
 def migrations_from(version: int) -> list[str]:
     """The statements that bring a table at `version` to `SCHEMA_VERSION` (the version row's
     update included)."""
-    statements = [sql for v in sorted(MIGRATIONS) if v > version for sql in MIGRATIONS[v]]
+    statements = [
+        sql
+        for v in sorted(MIGRATIONS)
+        if v > version and not (MIGRATIONS[v] is LEDGER_V7 and version < LEDGER_SINCE)
+        for sql in MIGRATIONS[v]
+    ]
     if version < SCHEMA_VERSION:
         statements.append(f"UPDATE inflight_schema SET version = {SCHEMA_VERSION}")
     return statements
@@ -120,13 +154,36 @@ def delete_expired_sql(placeholder: str) -> str:
 
 def read_ledger_sql(placeholder: str) -> str:
     return (
-        "SELECT document FROM inflight_ledger "
+        f"SELECT document, {', '.join(LATE_FIELDS)} FROM inflight_ledger "
         f"WHERE id = {placeholder} AND owner = {placeholder} AND expires > {placeholder}"
     )
 
 
+def update_ledger_sql(placeholder: str) -> str:
+    """Set the late fields an update knows (a NULL parameter keeps the column as it is)."""
+    sets = ", ".join(f"{name} = COALESCE({placeholder}, {name})" for name in LATE_FIELDS)
+    return f"UPDATE inflight_ledger SET {sets} WHERE id = {placeholder}"
+
+
+def ledger_document(found: Sequence[Any]) -> bytes:
+    """The JSON of a row `read_ledger_sql` found, its late fields added."""
+    document, *late = found
+    known = {k: v for k, v in zip(LATE_FIELDS, late, strict=True) if v is not None}
+    update = LedgerUpdate("", **known) if known else None
+    return with_late_fields(str(document).encode(), update)
+
+
 def ledger_rows(rows: Sequence[LedgerRow]) -> list[tuple[str, str, float, float, str]]:
     return [(r.id, r.owner, r.created, r.expires, r.json().decode()) for r in rows]
+
+
+def ledger_updates(items: Sequence[LedgerRow | LedgerUpdate]) -> list[tuple[Any, ...]]:
+    """The parameters of `update_ledger_sql` for the updates among `items`, in order."""
+    return [(*u.values(), u.id) for u in items if isinstance(u, LedgerUpdate)]
+
+
+def ledger_inserts(items: Sequence[LedgerRow | LedgerUpdate]) -> list[LedgerRow]:
+    return [r for r in items if isinstance(r, LedgerRow)]
 
 
 # A token count no request reaches (10^12). Counts are clamped to it so that an upstream that
@@ -195,6 +252,13 @@ COSTS = """
 SELECT model, kind, COALESCE(SUM(cost), 0), COALESCE(SUM(baseline_cost), 0),
        SUM(CASE WHEN cost IS NULL THEN 1 ELSE 0 END), COALESCE(cut_for, '')
 FROM inflight_usage WHERE kind <> 'passthrough' GROUP BY model, kind, COALESCE(cut_for, '')
+"""
+# The ledger's late fields over the rows it keeps (DESIGN.md §14, §16).
+LEDGER_TOTALS = """
+SELECT COUNT(*), COUNT(facts_lost), COALESCE(SUM(facts_retained), 0),
+       COALESCE(SUM(facts_restorable), 0), COALESCE(SUM(facts_lost), 0), COUNT(realised_turns),
+       COALESCE(SUM(realised_turns), 0), COALESCE(SUM(realised_net), 0)
+FROM inflight_ledger
 """
 RECENT_REQUESTS = """
 SELECT ts, model, tokens_before, tokens_after, strategies, latency_ms, status, outcome, stream,
@@ -345,6 +409,29 @@ def summarize(
         "apis": apis,
         "passthrough": passthrough,
     }
+
+
+def add_ledger(stats: dict[str, Any], totals: Sequence[Any] | None) -> dict[str, Any]:
+    """Put `ledger` into `stats` (and `realised_net` into its total `cost`, after `add_costs`)
+    from the `LEDGER_TOTALS` row: the references of the rows' cuts kept in the forwarded
+    prompt, behind a marker's ref, or lost, and lost ones per row that has its facts; the
+    realised net of the compaction events the rows' requests made, and the requests after
+    them it covers."""
+    rows, with_facts, retained, restorable, lost, events, turns, net = totals or (0,) * 8
+    stats["ledger"] = {
+        "rows": int(rows),
+        "rows_with_facts": int(with_facts),
+        "facts_retained": int(retained),
+        "facts_restorable": int(restorable),
+        "facts_lost": int(lost),
+        "lost_per_event": round(int(lost) / int(with_facts), 2) if with_facts else 0.0,
+        "realised_events": int(events),
+        "realised_turns": int(turns),
+        "realised_net": round(float(net), DIGITS),
+    }
+    if "cost" in stats:
+        stats["cost"]["realised_net"] = stats["ledger"]["realised_net"]
+    return stats
 
 
 def _compactions(strategies: Iterable[Sequence[Any]]) -> dict[str, int]:

@@ -11,7 +11,7 @@ from typing import Any
 
 from inflight.errors import StoreUnavailable
 from inflight.usage.costs import add_costs
-from inflight.usage.ledger import LedgerRow
+from inflight.usage.ledger import LedgerRow, LedgerUpdate
 from inflight.usage.records import UsageRecord
 from inflight.usage.stores import sql
 
@@ -70,20 +70,21 @@ class SQLiteStore:
 
         await asyncio.to_thread(self._run, write)
 
-    async def write_ledger(self, rows: Sequence[LedgerRow]) -> None:
+    async def write_ledger(self, rows: Sequence[LedgerRow | LedgerUpdate]) -> None:
         def write(conn: sqlite3.Connection) -> None:
-            values = sql.ledger_rows(rows)
+            values = sql.ledger_rows(sql.ledger_inserts(rows))
             with conn:
                 conn.execute("BEGIN")
                 conn.execute(sql.delete_expired_sql("?"), (time.time(),))
                 conn.executemany(sql.insert_ledger_sql("?"), values)
+                conn.executemany(sql.update_ledger_sql("?"), sql.ledger_updates(rows))
 
         await asyncio.to_thread(self._run, write)
 
     async def read_ledger(self, ledger_id: str, owner: str, now: float) -> bytes | None:
         def read(conn: sqlite3.Connection) -> bytes | None:
             found = conn.execute(sql.read_ledger_sql("?"), (ledger_id, owner, now)).fetchone()
-            return None if found is None else str(found[0]).encode()
+            return None if found is None else sql.ledger_document(found)
 
         result: bytes | None = await asyncio.to_thread(self._run, read)
         return result
@@ -95,7 +96,8 @@ class SQLiteStore:
                 conn.execute(sql.STRATEGIES).fetchall(),
                 conn.execute(sql.RECENT).fetchall(),
             )
-            return add_costs(stats, conn.execute(sql.COSTS).fetchall())
+            add_costs(stats, conn.execute(sql.COSTS).fetchall())
+            return sql.add_ledger(stats, conn.execute(sql.LEDGER_TOTALS).fetchone())
 
         result: dict[str, Any] = await asyncio.to_thread(self._run, read)
         return result

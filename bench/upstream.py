@@ -69,8 +69,10 @@ async def chat(request: Request) -> Response:
     async def events():  # type: ignore[no-untyped-def]
         for i in range(chunks):
             yield _chunk(i, stamp)
-            if gap:
+            if gap:  # held streams: end once the proxy has hung up (uvicorn's send would not say)
                 await asyncio.sleep(gap)
+                if i % 64 == 63 and await request.is_disconnected():
+                    return
         if wants_usage:
             final = {"id": "c", "choices": [], "usage": usage(raw)}
             yield b"data: " + orjson.dumps(final) + b"\n\n"

@@ -235,21 +235,27 @@ def facts_kept(
     known: str = "",
 ) -> str:
     """The exact-fact guard's list for a summary of `span`: its identifiers neither the
-    `summary` nor `known` (text the prompt keeps anyway: its fixed head) contains verbatim,
-    ranked (`ranked`), after `FACTS_HEADING`, separated by `SEPARATOR`, as many as fit
-    `max_tokens` by `count`; empty when none is lost or none fits. A pure function of the span,
-    the summary and the head, so a summary stays cache-stable."""
-    kept: list[str] = []
+    `summary` nor `known` (text the prompt holds beside the summary: its head, the turns kept
+    after the cut) contains verbatim, ranked (`ranked`), after `FACTS_HEADING`, separated by
+    `SEPARATOR`, as many as fit `max_tokens` by `count`; empty when none is lost or none fits.
+    An identifier a listed one contains is not listed apart (a longer one takes its place and
+    its room). A pure function of its arguments, so a summary stays cache-stable."""
+    kept: dict[str, int] = {}  # listed identifier -> its size
     used = count(FACTS_HEADING)
     for ident in ranked(message_text(m) for m in span):
-        if ident in summary or ident in known or any(ident in other for other in kept):
+        if ident in summary or any(ident in other for other in kept):
             continue
-        size = count(SEPARATOR + ident)
+        covered = [other for other in kept if other in ident]
+        size = count(SEPARATOR + ident) - sum(kept[other] for other in covered)
         if used + size > max_tokens:
             if max_tokens - used < 4:
                 break
             continue  # a shorter one further down may still fit
-        kept.append(ident)
+        if ident in known:  # last: `known` may be long (the kept turns)
+            continue
+        for other in covered:
+            del kept[other]
+        kept[ident] = count(SEPARATOR + ident)
         used += size
     return FACTS_HEADING + " " + SEPARATOR.join(kept) if kept else ""
 

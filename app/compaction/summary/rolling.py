@@ -14,6 +14,7 @@ its place).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import operator
 import threading
@@ -25,7 +26,7 @@ from typing import Any
 import orjson
 
 from inflight.compaction.facts import guarded, message_text
-from inflight.compaction.rendering import Plan, render_span
+from inflight.compaction.rendering import Plan, kept_units, render_span, shown
 from inflight.compaction.summary.cache import SummaryFlight
 from inflight.compaction.summary.partial import Chosen, record_key
 from inflight.compaction.summary.prompt import (
@@ -53,11 +54,24 @@ def model_budget(summary_tokens: int, guard: bool) -> int:
     return summary_tokens - summary_tokens // 2 if guard else summary_tokens
 
 
-def head_text(messages: Sequence[Mapping[str, Any]], plan: Plan) -> str:
-    """What the prompt's fixed head (the messages before the first unit that can be cut: the
-    system prompt, the first user message) says: the guard leaves out what it holds."""
-    start = plan.units[plan.head].start if plan.head < len(plan.units) else len(messages)
-    return "\n".join(message_text(m) for m in messages[:start])
+def kept_text(messages: Sequence[Mapping[str, Any]], plan: Plan) -> str:
+    """What the prompt holds beside the summary while it stands, as the plan shows it: the
+    fixed head (system prompt, first user message), pinned instructions, and the units kept
+    after the cut — of them, those `messages` has (a plan predicted ahead of an event goes
+    further). Between events these only grow (invariant 7): the guard leaves out what they
+    hold."""
+    kept = (i for i in kept_units(plan) if plan.units[i].end <= len(messages))
+    return "\n".join(message_text(m) for i in kept for m in shown(messages, plan, i))
+
+
+def guard(text: str, job: SummaryJob) -> str:
+    """The model's `text` with the exact-fact guard's list (DESIGN.md §14) for all of the
+    span `job`'s summary stands for (not only what its roll added), within the summary's
+    budget, leaving out what the prompt holds beside the summary (`kept_text`)."""
+    plan = job.plan
+    whole = render_span(job.messages, plan, plan.head, plan.cut)
+    known = kept_text(job.messages, plan)
+    return guarded(text, whole, job.summary_tokens, job.count_text, known)
 
 
 @dataclass(slots=True)
@@ -284,11 +298,8 @@ class Summaries:
         text = await self._summarize(job, span, previous)
         if not self.guard:
             return text
-        # all of the span the summary stands for, not only what this roll added
-        whole = render_span(job.messages, plan, plan.head, plan.cut)
-        return guarded(
-            text, whole, job.summary_tokens, job.count_text, head_text(job.messages, plan)
-        )
+        # in a worker thread: the kept turns it searches may be long
+        return await asyncio.to_thread(guard, text, job)
 
     async def _summarize(
         self, job: SummaryJob, span: Sequence[Mapping[str, Any]], previous: str | None

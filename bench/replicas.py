@@ -45,6 +45,7 @@ class BillingUpstream:
     per_message: int = 5
     per_request: int = 24
     drift: float = 0.0
+    usage: bool = True  # False: answers carry no usage, so calibration is held still
     bodies: list[dict[str, Any]] = field(default_factory=list)
     served: int = 0
 
@@ -66,6 +67,7 @@ class BillingUpstream:
             self.served += 1
         prompt = self.billed(messages)
         text = "summary: the facts so far" if summary else "ok"
+        usage = {"prompt_tokens": prompt, "completion_tokens": 1, "total_tokens": prompt + 1}
         return httpx.Response(
             200,
             json={
@@ -80,11 +82,7 @@ class BillingUpstream:
                         "finish_reason": "stop",
                     }
                 ],
-                "usage": {
-                    "prompt_tokens": prompt,
-                    "completion_tokens": 1,
-                    "total_tokens": prompt + 1,
-                },
+                **({"usage": usage} if self.usage else {}),
             },
         )
 
@@ -220,6 +218,31 @@ def _run(
     return runs, store.round_trips if store is not None else -1
 
 
+def calibration_cost(limits: Sequence[int] = (4096, 8192, 16384)) -> str:
+    """One replica: prompt-cache breaks with calibration learning against held still (answers
+    without usage), per window and strategy."""
+    traces = [messages for _, messages in load_traces()]
+    encodings = load_encodings()
+    lines = [
+        "| window | strategy | learning: breaks | reuse | held still: breaks | reuse |",
+        "|---:|---|---:|---:|---:|---:|",
+    ]
+    for limit in limits:
+        for strategy in STRATEGIES:
+            a, b = (
+                changes(anyio.run(partial(replay, traces, 1, strategy, **options)))
+                for options in (
+                    {"limit": limit, "encodings": encodings, "upstream": BillingUpstream(usage=u)}
+                    for u in (True, False)
+                )
+            )
+            lines.append(
+                f"| {limit} | {strategy} | {a.breaks} | {a.reuse:.1%} "
+                f"| {b.breaks} | {b.reuse:.1%} |"
+            )
+    return "\n".join(lines)
+
+
 def report(replicas: int = 3, limit: int = 8192) -> str:
     """One replica against `replicas` round-robin sharing one Redis, per strategy."""
     traces = [messages for _, messages in load_traces()]
@@ -246,6 +269,8 @@ def report(replicas: int = 3, limit: int = 8192) -> str:
         f"counting, calibrated on usage billed like o200k plus a template's framing), window "
         f"{limit}; the replicas share {shared} (`CACHE_URL`): summaries and learned state."
     )
+    lines.append("\nOne replica, calibration learning against held still:\n")
+    lines.append(calibration_cost())
     return "\n".join(lines)
 
 

@@ -138,9 +138,13 @@ def test_moved_is_a_deadband() -> None:
     applied = Correction(1.0, 0.0, 20.0)
     assert not moved(applied, Correction(1.015, 0.0, 20.0), obs)  # 1.5 % on content
     assert not moved(applied, Correction(1.0, 0.0, 24.0), obs)  # 4 tokens on ≥ 256: noise
-    assert moved(applied, Correction(1.025, 0.0, 20.0), obs)
+    assert moved(applied, Correction(1.035, 0.0, 20.0), obs)  # 3.5 % more on content
     assert moved(applied, Correction(1.0, 0.0, 30.0), obs)  # 10 tokens on a short prompt
-    assert moved(applied, Correction(1.0, 3.0, 20.0), obs)  # 90 tokens on the long one
+    assert moved(applied, Correction(1.0, 5.0, 20.0), obs)  # 145 tokens on the long one
+    # fewer: only past 6 % (an overcount compacts a little early, never overflows)
+    assert not moved(applied, Correction(0.955, 0.0, 20.0), obs)
+    assert not moved(applied, Correction(1.0, 0.0, 6.0), obs)  # 14 tokens fewer on ≥ 256
+    assert moved(applied, Correction(0.935, 0.0, 20.0), obs)
 
 
 def test_reaching_counts_an_overflowed_prompt_at_least_at_its_size() -> None:

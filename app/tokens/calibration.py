@@ -17,8 +17,9 @@ costs (the error expected of a prompt is a few tokens plus a few per cent of its
 its recency (older ones fade). A weak prior pulls each parameter toward "no correction", so
 request shapes that do not separate them (every prompt the same length, or with the same number
 of messages) leave the unknown part near neutral instead of wild; every parameter is bounded.
-The correction in use moves only when the fit would change some count by more than `DEADBAND`
-(plans depend on counts, DESIGN.md §4.7); an overflow error that states the prompt's real size
+The correction in use moves only when the fit would count some prompt more than `DEADBAND`
+higher or `SLACK` lower (plans depend on counts, and a move re-places a conversation's earlier
+cuts: DESIGN.md §4.7); an overflow error that states the prompt's real size
 applies the fit at once and makes sure that prompt is counted at least that big (DESIGN.md §8),
 so the retry differs from what failed.
 
@@ -48,7 +49,11 @@ DECAY = 0.9  # weight of an observation one step older: a new conversation takes
 # prompts pin the fixed costs, long ones the factor on content.
 FIXED_NOISE = 16.0
 RELATIVE_NOISE = 0.02
-DEADBAND = 0.02  # the correction in use moves when some count would change by more than this
+# The correction in use moves when the fit would count some prompt more than DEADBAND above
+# it, or more than SLACK below (an overcount only compacts a little early; an undercount nears
+# the window). A band this wide keeps cut points still between events while the fit wobbles.
+DEADBAND = 0.03
+SLACK = 0.06
 DEADBAND_FLOOR = 256  # ... relative to at least this many tokens (short prompts wobble by a few)
 MAX_MODELS = 1024  # model names come from clients: bounded
 MAX_CLIENTS = 16  # clients whose observations are kept per model (least recently heard from go)
@@ -282,13 +287,16 @@ def fit(observations: Sequence[Observation], bounds: Bounds) -> Correction:
 
 
 def moved(applied: Correction, fitted: Correction, observations: Iterable[Observation]) -> bool:
-    """True when `fitted` would change a count by more than `DEADBAND`: the content factor
-    (what decides long prompts) or the count of any observed prompt."""
-    if abs(fitted.content - applied.content) > DEADBAND * applied.content:
+    """True when `fitted` would count more than `DEADBAND` above the correction in use, or more
+    than `SLACK` below it: the content factor (what decides long prompts) or the count of any
+    observed prompt."""
+    change = fitted.content - applied.content
+    if not -SLACK * applied.content <= change <= DEADBAND * applied.content:
         return True
     for obs in observations:
         before = applied.predict(obs)
-        if abs(fitted.predict(obs) - before) > DEADBAND * max(before, DEADBAND_FLOOR):
+        change = fitted.predict(obs) - before
+        if not -SLACK <= change / max(before, DEADBAND_FLOOR) <= DEADBAND:
             return True
     return False
 
@@ -305,14 +313,16 @@ def _scatter(correction: Correction, observations: Sequence[Observation]) -> flo
 
 def reaching(correction: Correction, obs: Observation, bounds: Bounds) -> Correction:
     """`correction`, raised (content first, then per request, within bounds) until it counts
-    `obs` at least at its actual size."""
-    missing = obs.actual - correction.predict(obs)
+    `obs` at least at its actual size — in whole tokens too: a count rounds each message and
+    the rest of the prompt apart, half a token off each at most."""
+    wanted = obs.actual + 0.5 * (obs.messages + 1)
+    missing = wanted - correction.predict(obs)
     if missing <= 0:
         return correction
     low, high = bounds.content
     content = min(high, max(low, correction.content + missing / obs.raw))
     raised = replace(correction, content=max(content, correction.content))
-    missing = obs.actual - raised.predict(obs)
+    missing = wanted - raised.predict(obs)
     if missing > 0:
         per_request = min(bounds.per_request[1], raised.per_request + missing)
         raised = replace(raised, per_request=per_request)
@@ -536,8 +546,14 @@ class Calibration:
                     for c, h in clients.items()
                 ],
                 "fits": {
-                    c: [list(f.fit.params()), list(f.evidence), f.heard, f.scatter, f.since,
-                        f.backed]
+                    c: [
+                        list(f.fit.params()),
+                        list(f.evidence),
+                        f.heard,
+                        f.scatter,
+                        f.since,
+                        f.backed,
+                    ]
                     for c, f in fits.items()
                 },
                 "applied": list(self._applied[model].params()) if model in self._applied else None,

@@ -1,7 +1,8 @@
 """Anthropic Messages bodies for the tests and the bench: Hypothesis strategies for valid
 conversations (tool rounds with parallel calls and text beside the results, thinking with
 signatures, images, nested tool-result blocks, breakpoints, `role: "system"` messages inside
-`messages`), and the shipped chat transcripts
+`messages`, `compaction` blocks of beta `compact-2026-01-12` leading assistant turns), and the
+shipped chat transcripts
 converted to Messages form in Claude Code's shape (a breakpoint on the system prompt and on the
 last user message)."""
 
@@ -88,6 +89,30 @@ def chat_round(draw: st.DrawFn) -> list[dict[str, Any]]:
     return [{"role": "assistant", "content": reply}, {"role": "user", "content": question}]
 
 
+@st.composite
+def compaction_block(draw: st.DrawFn) -> dict[str, Any]:
+    """A `compaction` block as Anthropic returns it and the client sends it back
+    (`anthropic.types.beta.BetaCompactionBlockParam`): a summary, or null when the compaction
+    failed (never an empty string), maybe with its opaque metadata and signature."""
+    block: dict[str, Any] = {"type": "compaction", "content": draw(st.one_of(st.none(), TEXT))}
+    if draw(st.booleans()):
+        block["encrypted_content"] = "enc" + draw(TEXT)
+    if draw(st.booleans()):
+        block["signature"] = "sig" + draw(TEXT)
+    return block
+
+
+@st.composite
+def with_compaction_blocks(draw: st.DrawFn, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`messages` with a `compaction` block at the start of one or two answered assistant turns:
+    where the API puts it when it compacts, before the turn's other blocks."""
+    turns = [i for i, m in enumerate(messages[:-1]) if m["role"] == "assistant"]
+    out = list(messages)
+    for i in draw(st.lists(st.sampled_from(turns), max_size=2, unique=True)) if turns else []:
+        out[i] = {**out[i], "content": [draw(compaction_block()), *blocks(out[i])]}
+    return out
+
+
 def _eligible(block: Any) -> bool:
     return isinstance(block, dict) and block.get("type") not in THINKING_TYPES
 
@@ -108,6 +133,8 @@ def anthropic_bodies(draw: st.DrawFn) -> dict[str, Any]:
     if draw(st.integers(0, 4)) == 0:
         messages.append({"role": "assistant", "content": "Here is"})  # prefill
     body["messages"] = messages
+    if draw(st.integers(0, 3)) == 0:
+        messages = draw(with_compaction_blocks(messages))
     claude_code_breakpoint(messages)
     for _ in range(draw(st.integers(0, 2))):
         i = draw(st.integers(0, len(messages) - 1))

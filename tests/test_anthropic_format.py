@@ -114,8 +114,9 @@ def check_head(body: Mapping[str, Any], out: Mapping[str, Any]) -> None:
 
 
 def check_thinking(body: Mapping[str, Any], out: Mapping[str, Any]) -> None:
-    """Thinking blocks are the client's very objects, in their message, in order; the thinking
-    of the turn the last message answers is always there."""
+    """Thinking blocks are the client's very objects, in their message, in order, leading their
+    turn (after a `compaction` block, which the API puts first); the thinking of the turn the
+    last message answers is always there."""
     originals = {
         id(b): b
         for m in body["messages"]
@@ -123,7 +124,7 @@ def check_thinking(body: Mapping[str, Any], out: Mapping[str, Any]) -> None:
         if b.get("type") in ("thinking", "redacted_thinking")
     }
     for message in out["messages"]:
-        kinds = [b.get("type") for b in blocks(message)]
+        kinds = [b.get("type") for b in blocks(message) if b.get("type") != "compaction"]
         thoughts = [
             b for b in blocks(message) if b.get("type") in ("thinking", "redacted_thinking")
         ]
@@ -217,6 +218,8 @@ def check_all(body: dict[str, Any], pipeline: tuple[StrategyName, ...], window: 
         marked = [b for b in blocks(message) if b.get("cache_control")]
         assert all(b.get("cache_control") for b in blocks(last_out)[-1:]) or not marked
     again, repeat, _ = compacted(out, pipeline, window)  # idempotent
+    if result.tokens_after > budget.trigger:
+        return  # still over the threshold, the engine compacts it again: see the xfail test
     assert repeat.applied == ()
     assert again["messages"] == out["messages"]
 
@@ -228,6 +231,38 @@ def test_invariants_and_anthropic_rules_on_generated_conversations(
     name: str, body: dict[str, Any], window: int
 ) -> None:
     check_all(body, PIPELINES[name], window)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="engine: an output left over the threshold (pinned content too large for the "
+    "target) is compacted again by a second pass (the summary summarized, outputs pruned): "
+    "found with compaction blocks and system messages, which pin large heads",
+)
+def test_a_compacted_request_over_budget_is_not_summarized_again() -> None:
+    compaction = {"type": "compaction", "content": None}
+    call = {"type": "tool_use", "id": "toolu_a0", "name": "Bash", "input": {"command": "0"}}
+    body = {
+        "model": "claude-sonnet-4-5",
+        "max_tokens": 512,
+        "messages": [
+            {"role": "user", "content": "0"},
+            {"role": "assistant", "content": [compaction, call]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_a0", "content": "x" * 10_000},
+            ]},
+            {"role": "assistant", "content": [{**call, "id": "toolu_a1"}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_a1", "content": "x"},
+            ]},
+            {"role": "assistant", "content": [{"type": "text", "text": "0r"}]},
+            {"role": "user", "content": [{"type": "text", "text": "q" * 50}]},
+        ],
+    }  # fmt: skip
+    pipeline = PIPELINES["summarize"]
+    out, result, _ = compacted(body, pipeline, 2048)
+    assert result.over_budget
+    assert compacted(out, pipeline, 2048)[1].applied == ()
 
 
 TRACES = load_traces()

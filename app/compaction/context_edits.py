@@ -2,11 +2,16 @@
 
 For a Messages upstream that ignores the field (llama.cpp, vLLM, Ollama), inflight applies
 `clear_tool_uses_20250919` and `clear_thinking_20251015` itself with Anthropic's defaults and
-reports `applied_edits` as Anthropic does. Decisions are a pure function of the history, made
-as if it had grown one user turn at a time: the trigger is measured on the prompt as edited so
-far, so a clearing brings it back under the trigger and the next requests share their prefix
-until it is crossed again (`clear_at_least` holds a clearing back until it is worth a cache
-break). Token counts are the uncalibrated heuristic, so calibration never moves a decision.
+reports `applied_edits` as Anthropic does; for one that applies them (Anthropic's API), the
+same edits are only simulated (`upstream_sees`), so compaction counts what they leave.
+
+Decisions are a pure function of the history, made as if it had grown one user turn at a time:
+the trigger is measured on the prompt as edited so far, so a clearing brings it back under the
+trigger and the next requests share their prefix until it is crossed again (`clear_at_least`
+holds a clearing back until it is worth a cache break). Token counts are the uncalibrated
+heuristic, so calibration never moves a decision. Anthropic decides on each request alone:
+whenever it clears, it clears at least what this replay does, so the simulation's prompt is
+never smaller than the one Anthropic's edits leave.
 """
 
 from __future__ import annotations
@@ -192,11 +197,12 @@ def _uses(messages: Sequence[Any]) -> list[_Use]:
         results: dict[Any, tuple[int, int, Any]] = {}
         for i in turns[t + 1][1]:
             for j, block in enumerate(blocks_of(messages[i])):
-                if block_type(block) == "tool_result":
-                    results.setdefault(block.get("tool_use_id"), (i, j, block))
+                if block_type(block) == "tool_result" and isinstance(block.get("tool_use_id"), str):
+                    results.setdefault(block["tool_use_id"], (i, j, block))
         for i in indices:
             for j, block in enumerate(blocks_of(messages[i])):
-                answer = results.get(block.get("id")) if block_type(block) == "tool_use" else None
+                use = block_type(block) == "tool_use" and isinstance(block.get("id"), str)
+                answer = results.get(block["id"]) if use else None
                 if answer is None:
                     continue
                 saves = max(0, tokens(answer[2].get("content")) - heuristic_tokens(PLACEHOLDER))
@@ -275,9 +281,12 @@ def thinking_turns(edit: ClearThinking, messages: Sequence[Any]) -> list[int]:
 
 @dataclass(slots=True)
 class _Editing:
-    """The history being edited: messages copied only where a block changes."""
+    """The history being edited: messages copied only where a block changes. `in_place`: a
+    cleared thinking block stays as an empty block of its type, so every block keeps its index
+    (the simulation's messages are read by paths into the body as sent)."""
 
     messages: list[Any]
+    in_place: bool = False
 
     def block(self, i: int, j: int, block: Any) -> None:
         message = self.messages[i]
@@ -292,10 +301,16 @@ class _Editing:
             message = self.messages[i]
             if not isinstance(message, Mapping) or not isinstance(message.get("content"), list):
                 continue
-            kept = [b for b in message["content"] if block_type(b) not in THINKING]
-            if len(kept) == len(message["content"]):
+            content = message["content"]
+            if not any(block_type(b) in THINKING for b in content):
                 continue
-            removed += sum(tokens(b) for b in message["content"] if block_type(b) in THINKING)
+            if self.in_place:
+                kept = [
+                    {"type": block_type(b)} if block_type(b) in THINKING else b for b in content
+                ]
+            else:
+                kept = [b for b in content if block_type(b) not in THINKING]
+            removed += sum(tokens(b) for b in content if block_type(b) in THINKING)
             self.messages[i] = {**message, "content": kept}
         return removed
 
@@ -334,6 +349,23 @@ def _apply_thinking(edit: ClearThinking, editing: _Editing) -> dict[str, Any] | 
     }
 
 
+def _edited(
+    body: Mapping[str, Any], messages: list[Any], edits: Sequence[Edit], in_place: bool
+) -> tuple[list[Any], list[dict[str, Any]]]:
+    """`messages` with `edits` applied in the order listed, and what each one cleared."""
+    editing = _Editing(list(messages), in_place)
+    fixed = tokens(body.get("system")) + tokens(body.get("tools"))
+    applied: list[dict[str, Any]] = []
+    for edit in edits:
+        if isinstance(edit, ClearToolUses):
+            done = _apply_tool_uses(edit, editing, fixed)
+        else:
+            done = _apply_thinking(edit, editing)
+        if done is not None:
+            applied.append(done)
+    return editing.messages, applied
+
+
 def apply_edits(body: Mapping[str, Any]) -> EditedBody | None:
     """`body` with its requested edits applied and `context_management` taken out (None: it
     asks for none). Edits apply in the order listed; untouched messages stay the very
@@ -345,16 +377,25 @@ def apply_edits(body: Mapping[str, Any]) -> EditedBody | None:
     messages = body.get("messages")
     if not edits or not isinstance(messages, list):
         return EditedBody(rest, ())
-    editing = _Editing(list(messages))
-    fixed = tokens(body.get("system")) + tokens(body.get("tools"))
-    applied: list[dict[str, Any]] = []
-    for edit in edits:
-        if isinstance(edit, ClearToolUses):
-            done = _apply_tool_uses(edit, editing, fixed)
-        else:
-            done = _apply_thinking(edit, editing)
-        if done is not None:
-            applied.append(done)
+    edited, applied = _edited(body, messages, edits, in_place=False)
     if not applied:
         return EditedBody(rest, ())
-    return EditedBody({**rest, "messages": editing.messages}, tuple(applied))
+    return EditedBody({**rest, "messages": edited}, tuple(applied))
+
+
+def upstream_sees(body: Mapping[str, Any]) -> list[Any] | None:
+    """The `messages` of a body that still carries `context_management` — one going to an
+    upstream that applies the edits itself (Anthropic's API) — as those edits will leave them:
+    what compaction counts, so that it cuts only what is over budget after them. Every block
+    keeps its index (a cleared thinking block stands as an empty one), so paths into the body
+    as sent still hold. None: no edit that clears anything, or a field Anthropic will reject
+    (then it says why)."""
+    try:
+        edits = requested_edits(body)
+    except BadRequest:
+        return None
+    messages = body.get("messages")
+    if not edits or not isinstance(messages, list):
+        return None
+    edited, applied = _edited(body, messages, edits, in_place=True)
+    return edited if applied else None

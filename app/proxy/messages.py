@@ -57,7 +57,8 @@ class AnthropicContextEditing:
     ) -> EditedBody | None:
         """`body` with its edits applied by the proxy, when they are the proxy's to apply:
         `proxy`, or `auto` and an upstream other than Anthropic's API. None: the body goes as
-        it is (no edits asked, or the upstream applies them)."""
+        it is (no edits asked, or the upstream applies them: then the field stays, and the
+        Messages view counts the prompt as the edits will leave it)."""
         if "context_management" not in body or mode is ContextEditsMode.UPSTREAM:
             return None
         if mode is ContextEditsMode.AUTO and urlsplit(base_url).hostname == ANTHROPIC_HOST:

@@ -6,7 +6,8 @@ The view (`messages_view`) maps turns to chat-shaped view messages so the planne
 `cache_control` breakpoints of cut blocks. A `role: "system"` message inside `messages` is an
 instruction pinned where it stands (§3), as later system messages are on chat. A body Anthropic
 would reject (`messages_rules`) is forwarded as sent unless compaction must rewrite it; then it
-is a 400 naming the field.
+is a 400 naming the field. A body still carrying `context_management` goes to an upstream that
+applies the edits itself (§13): the view counts what they leave, the body keeps what was sent.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from inflight.compaction.context_edits import upstream_sees
 from inflight.compaction.formats import ApiName, Conversation
 from inflight.compaction.formats.messages_render import render_messages
 from inflight.compaction.formats.messages_rules import problems
@@ -30,11 +32,14 @@ class MessagesFormat:
 
     def conversation(self, body: Mapping[str, Any]) -> Conversation:
         """Never raises: a body Anthropic would reject still has a view (its problems matter
-        only if compaction must rewrite it, and `render` reports them)."""
+        only if compaction must rewrite it, and `render` reports them). With context edits the
+        upstream applies, the view is of the messages as they will leave them (block for
+        block: rendering puts back the blocks as sent)."""
         fixed = {k: body[k] for k in FIXED_FIELDS if k in body}
         messages = body.get("messages")
         if not isinstance(messages, list):
             return MessagesConversation(messages=[], fixed=fixed)
+        messages = upstream_sees(body) or messages
         listed = [m if isinstance(m, Mapping) else {"content": [m]} for m in messages]
         view, pieces = build_view(listed)
         return MessagesConversation(messages=view, fixed=fixed, pieces=pieces)

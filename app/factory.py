@@ -14,15 +14,18 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from inflight import __version__
+from inflight.apis.anthropic.api import MESSAGES_API
+from inflight.apis.chat.api import CHAT_API
+from inflight.apis.responses.api import RESPONSES_API
 from inflight.banner import log_banner
 from inflight.compaction.cost_mode import PrefillRates
-from inflight.compaction.formats import ApiName
 from inflight.compaction.service import CompactionService
 from inflight.compaction.summary.background import BackgroundSummaries
 from inflight.compaction.summary.cache import RedisCache, SummaryCache, SummaryFlight, open_cache
 from inflight.compaction.summary.prompt import Completer, SummaryPrompt
 from inflight.compaction.summary.rolling import Summaries, SummaryJob
 from inflight.compaction.summary.stats import CountedCompleter, SummaryStats
+from inflight.compaction.wire import ApiName
 from inflight.dashboard.assets import DashboardAssets
 from inflight.errors import BadRequest, ProxyError
 from inflight.http.auth import KeyChecker
@@ -43,17 +46,14 @@ from inflight.http.state import AppState
 from inflight.pricing.meter import CostMeter
 from inflight.pricing.table import PriceTable
 from inflight.proxy.api import Api, Exchange
-from inflight.proxy.chat import CHAT_API
 from inflight.proxy.completers import (
     SummaryShapes,
     anthropic_summary_completer,
     responses_summary_completer,
     summary_completer,
 )
-from inflight.proxy.messages import MESSAGES_API
 from inflight.proxy.passthrough import PassthroughService
 from inflight.proxy.recording import records_for, summary_records
-from inflight.proxy.responses import RESPONSES_API
 from inflight.proxy.service import ApiService
 from inflight.proxy.slots import UpstreamSlots
 from inflight.proxy.upstream import Upstream

@@ -9,18 +9,18 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast, get_args
 
+from inflight.apis.anthropic.format import MessagesFormat
+from inflight.apis.chat.format import ChatFormat
+from inflight.apis.responses.format import ResponsesFormat
 from inflight.compaction.engine import CompactionResult
 from inflight.compaction.engine import compact as compact_view
-from inflight.compaction.formats import ApiName, Conversation, WireFormat
-from inflight.compaction.formats.chat import ChatFormat
-from inflight.compaction.formats.messages import MessagesFormat
-from inflight.compaction.formats.responses import ResponsesFormat
 from inflight.compaction.planner import plan
 from inflight.compaction.policy import Budget, resolve_pipeline
 from inflight.compaction.rendering import render_span
 from inflight.compaction.report import Preview, SummaryState, preview_report, report_headers
 from inflight.compaction.summary.prompt import SummaryUsage
 from inflight.compaction.summary.rolling import summary_budget
+from inflight.compaction.wire import ApiName, Conversation, WireFormat
 from inflight.strategies import StrategyName, parse_strategy
 from inflight.tokens.counter import ChatTokenCounter, TokenCounter
 from inflight.tokens.encodings import load_encodings
@@ -102,9 +102,15 @@ class Engine:
         which needs no event loop running in this thread (else use `acompact`)."""
         return _run(
             self.acompact(
-                conversation, model=model, context_limit=context_limit, api=api,
-                strategy=strategy, threshold=threshold, target=target,
-                protect_tools=protect_tools, summarize=summarize,
+                conversation,
+                model=model,
+                context_limit=context_limit,
+                api=api,
+                strategy=strategy,
+                threshold=threshold,
+                target=target,
+                protect_tools=protect_tools,
+                summarize=summarize,
             )
         )
 

@@ -20,9 +20,9 @@ from typing import Any
 import orjson
 
 from bench.compaction import inflight_auto, replay
+from inflight.apis.anthropic.format import MessagesFormat
 from inflight.cli.simulate import common_prefix
 from inflight.compaction.engine import compact
-from inflight.compaction.formats.messages import MessagesFormat
 from inflight.compaction.policy import Budget
 from inflight.tokens.counter import ChatTokenCounter
 from inflight.tokens.encodings import load_encodings

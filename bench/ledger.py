@@ -14,10 +14,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from inflight.compaction.formats.chat import ChatFormat
+from inflight.apis.chat.api import CHAT_API
+from inflight.apis.chat.format import ChatFormat
 from inflight.compaction.service import CompactionService
 from inflight.proxy.api import Exchange
-from inflight.proxy.chat import CHAT_API
 from inflight.settings import LedgerMode, Settings
 from inflight.tokens.counter import ChatTokenCounter
 from inflight.tokens.encodings import load_encodings

@@ -16,8 +16,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from bench.compaction import inflight_auto, replay
+from inflight.apis.responses.format import ResponsesFormat
 from inflight.compaction.engine import compact
-from inflight.compaction.formats.responses import ResponsesFormat
 from inflight.compaction.policy import Budget
 from inflight.tokens.counter import ChatTokenCounter
 from inflight.tokens.encodings import load_encodings

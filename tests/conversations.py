@@ -214,7 +214,11 @@ def summary_text(message: Mapping[str, Any]) -> str | None:
 
 
 def strict_floor(
-    messages: Sequence[Mapping[str, Any]], units: Sequence[Unit], head: int, *, planning: bool = False
+    messages: Sequence[Mapping[str, Any]],
+    units: Sequence[Unit],
+    head: int,
+    *,
+    planning: bool = False,
 ) -> int:
     """The furthest unit a cut may stand before in a strict chat: after the head's user message
     the kept turns, and the next turn to come, must go on alternating (`planning`: instructions

@@ -16,7 +16,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from inflight.compaction.formats.responses import CALLS, OUTPUTS
+from inflight.apis.responses.format import CALLS, OUTPUTS
 from tests.conversations import TEXT, conversations, sizes
 
 

@@ -13,10 +13,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from inflight.apis.anthropic.format import MessagesFormat
+from inflight.apis.anthropic.rules import problems
+from inflight.apis.anthropic.view import MessagesConversation, build_view
 from inflight.compaction.engine import SUMMARY_PREFIX, CompactionResult, compact
-from inflight.compaction.formats.messages import MessagesFormat
-from inflight.compaction.formats.messages_rules import problems
-from inflight.compaction.formats.messages_view import MessagesConversation, build_view
 from inflight.compaction.policy import Budget
 from inflight.errors import BadRequest
 from inflight.strategies import StrategyName

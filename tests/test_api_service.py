@@ -12,12 +12,12 @@ import pytest
 from fastapi import FastAPI, Request
 from starlette.responses import Response
 
+from inflight.apis.chat.api import CHAT_API
 from inflight.errors import ProxyError
 from inflight.factory import create_app
 from inflight.http.state import AppState, api_client
 from inflight.proxy.api import Api
 from inflight.proxy.body import parse_chat_body
-from inflight.proxy.chat import CHAT_API
 from inflight.proxy.service import ApiService
 from tests.conftest import make_settings
 from tests.fake_upstream import FakeUpstream

@@ -57,7 +57,9 @@ def test_simulate_compares_with_re_trimming_every_request(
     cut at few events; LangChain's `trim_messages` (newest messages, from a user turn) loses the
     current turn of most requests (the agent's only user message is the first); keeping the
     newest units keeps pairs but moves the cut far more often."""
-    trace = Path(__file__).parent / "data" / "traces" / "mini_deepseek-chat_django__django-13265.json"
+    trace = (
+        Path(__file__).parent / "data" / "traces" / "mini_deepseek-chat_django__django-13265.json"
+    )
     assert main(["simulate", str(trace), "--context-limit", "8192", "--compare"]) == 0
     rows = {
         m.group(1): (int(m.group(3)), int(m.group(4)), int(m.group(5)))

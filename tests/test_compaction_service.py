@@ -11,9 +11,9 @@ from typing import Any
 import orjson
 import pytest
 
-from inflight.compaction.formats import ApiName, Conversation
 from inflight.compaction.policy import parse_controls
 from inflight.compaction.service import CompactionService
+from inflight.compaction.wire import ApiName, Conversation
 from inflight.errors import BadRequest
 from inflight.tokens.counter import ChatTokenCounter
 from inflight.tokens.encodings import load_encodings

@@ -1,4 +1,4 @@
-"""Anthropic context editing applied by the proxy (app/compaction/context_edits.py, DESIGN.md
+"""Anthropic context editing applied by the proxy (app/apis/anthropic/context_edits.py, DESIGN.md
 §13): each edit against Anthropic's documented examples and defaults, the decisions' cache
 stability on growing sessions, and the route: edits applied for a local upstream (field and
 beta flag stripped, `applied_edits` in the JSON answer and the stream's `message_delta`),
@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from inflight.compaction.context_edits import (
+from inflight.apis.anthropic.context_edits import (
     PLACEHOLDER,
     ClearToolUses,
     apply_edits,

@@ -1,6 +1,6 @@
 """Context editing the upstream applies itself (Anthropic's API, DESIGN.md §13): inflight
 forwards `context_management` untouched and compacts only what is over budget once the edits
-are done — counted with the same edit code (app/compaction/context_edits.py `upstream_sees`),
+are done — counted with the same edit code (app/apis/anthropic/context_edits.py `upstream_sees`),
 the body forwarded as the client sent it."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from inflight.compaction.context_edits import PLACEHOLDER, apply_edits, upstream_sees
-from inflight.compaction.formats.messages import MessagesFormat
+from inflight.apis.anthropic.context_edits import PLACEHOLDER, apply_edits, upstream_sees
+from inflight.apis.anthropic.format import MessagesFormat
 from inflight.factory import create_app
 from tests.conftest import make_settings
 from tests.fake_anthropic_upstream import FakeAnthropic, rule_violations

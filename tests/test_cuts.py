@@ -10,13 +10,13 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from inflight.apis.anthropic.format import MessagesFormat
+from inflight.apis.responses.format import ResponsesFormat
 from inflight.compaction.cuts import Cut, cuts_of
 from inflight.compaction.engine import CompactionResult, compact
-from inflight.compaction.formats import Conversation
-from inflight.compaction.formats.messages import MessagesFormat
-from inflight.compaction.formats.responses import ResponsesFormat
 from inflight.compaction.policy import Budget
 from inflight.compaction.refs import ref_for
+from inflight.compaction.wire import Conversation
 from inflight.strategies import StrategyName
 from tests.conversations import conversations, simple_count
 from tests.responses_items import item_lists

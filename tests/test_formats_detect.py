@@ -1,4 +1,4 @@
-"""Which wire format a `/v1/compaction/*` body is in (app/compaction/formats/detect.py)."""
+"""Which wire format a `/v1/compaction/*` body is in (app/apis/detect.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from inflight.compaction.formats.detect import detect_api
+from inflight.apis.detect import detect_api
 from inflight.errors import InvalidControl
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}

@@ -174,7 +174,9 @@ def test_anthropic_invariants_through_the_public_api(body: dict[str, Any]) -> No
         roles = [m["role"] for m in done.body["messages"] if m["role"] != "system"]
         assert roles[0] == "user"
         assert all(a != b for a, b in pairwise(roles))
-    again = ENGINE.compact(done.body, model="claude-sonnet-4-5", context_limit=2500, api="anthropic")
+    again = ENGINE.compact(
+        done.body, model="claude-sonnet-4-5", context_limit=2500, api="anthropic"
+    )
     assert again.applied == ()
 
 

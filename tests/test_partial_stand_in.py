@@ -149,7 +149,9 @@ async def test_a_small_prefix_does_not_stand_in_and_the_own_summary_stays_the_ch
 ) -> None:
     """Below `SUMMARY_PARTIAL` the event goes without (`pending`), as without partial
     stand-ins; its own summary stands in from the first request after it lands."""
-    app, client = await open_app(summary_ahead=1.0, summary_partial=0.999, summary_facts_guard=False)
+    app, client = await open_app(
+        summary_ahead=1.0, summary_partial=0.999, summary_facts_guard=False
+    )
     k2, event, _ = await second_event(app, client, fake)
     assert event.headers["x-compaction-summary"] == "pending"
     assert summary_in(forwarded(fake)) is None

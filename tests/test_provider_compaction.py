@@ -11,7 +11,7 @@ import httpx
 import orjson
 import pytest
 
-from inflight.compaction.formats.messages import MessagesFormat
+from inflight.apis.anthropic.format import MessagesFormat
 from tests.fake_responses_upstream import FakeResponsesUpstream
 from tests.responses_items import compaction_item, pair_problems
 from tests.test_responses_route import agent_items

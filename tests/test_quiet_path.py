@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 
 import inflight.compaction.quiet_path as quiet_path
 import inflight.compaction.service as service_module
+from inflight.apis.chat.format import ChatFormat
 from inflight.compaction.compacted import Compacted
 from inflight.compaction.engine import untouched
-from inflight.compaction.formats.chat import ChatFormat
 from inflight.compaction.offload import OFFLOAD_MESSAGES
 from inflight.compaction.policy import Budget
 from inflight.compaction.replays import ENTRIES

@@ -1,4 +1,4 @@
-"""The Responses adapter (app/compaction/formats/responses.py): items to the planner's view and
+"""The Responses adapter (app/apis/responses/format.py): items to the planner's view and
 back, and the seven invariants of DESIGN.md §4 in Responses terms, on generated item lists and
 on the shipped transcripts converted to items."""
 
@@ -11,8 +11,8 @@ import orjson
 import pytest
 from hypothesis import given
 
+from inflight.apis.responses.format import ResponsesConversation, ResponsesFormat
 from inflight.compaction.engine import SUMMARY_PREFIX, CompactionResult, compact
-from inflight.compaction.formats.responses import ResponsesConversation, ResponsesFormat
 from inflight.errors import BadRequest
 from inflight.strategies import StrategyName
 from tests.conversations import common_prefix, simple_count

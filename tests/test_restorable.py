@@ -7,16 +7,16 @@ from typing import Any
 
 import orjson
 
+from inflight.apis.chat.restore import ChatDialect
 from inflight.compaction.cuts import cuts_of
 from inflight.compaction.engine import SPAN_MARKER, SUMMARY_PREFIX, compact, marker_tokens
-from inflight.compaction.formats import Conversation
 from inflight.compaction.policy import Budget
 from inflight.compaction.prune import PLACEHOLDER
 from inflight.compaction.refs import REF_SUFFIX_RE, ref_for, ref_suffix
 from inflight.compaction.restorable import removed_positions, restorable, span_ref
 from inflight.compaction.truncate import MARKER, kept_length, truncate_unit
+from inflight.compaction.wire import Conversation
 from inflight.proxy.restore import TOOL_NAME, RestoreLoop
-from inflight.proxy.restore_chat import ChatDialect
 from inflight.strategies import StrategyName
 from tests.conversations import simple_count
 

@@ -21,11 +21,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from inflight.apis.anthropic.restore import MessagesDialect
+from inflight.apis.chat.restore import ChatDialect
 from inflight.compaction.refs import REF_SUFFIX_RE
 from inflight.factory import create_app
 from inflight.proxy.restore import MAX_ROUNDS, NO_ANSWER, TOOL_NAME
-from inflight.proxy.restore_chat import ChatDialect
-from inflight.proxy.restore_messages import MessagesDialect
 from tests.conftest import make_settings
 from tests.fake_restore_upstream import FIRST_REF, Call, Reply, ScriptedUpstream
 from tests.servers import WatchedStore

@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 import orjson
 import pytest
 
-from inflight.proxy.restore_chat import ChatDialect
-from inflight.proxy.restore_messages import MessagesDialect
+from inflight.apis.anthropic.restore import MessagesDialect
+from inflight.apis.chat.restore import ChatDialect
 from inflight.proxy.restore_stream import _events, _first_kind
 from inflight.proxy.sse_tap import SSETap, Usage
 from tests.fake_restore_upstream import sse

@@ -168,10 +168,13 @@ def keep_newest(messages: Messages, budget: int, count: Count) -> list[Mapping[s
 def broken(request: Messages, out: Messages, budget: int, count: Count) -> bool:
     """The output lost the current turn, orphans a tool result or a call, or does not fit."""
     last, kept = request[-1], out[-1] if out else {}
-    same_turn = kept == last or (  # the current tool output may be truncated, never dropped
-        kept.get("role") == last.get("role")
-        and kept.get("tool_call_id") == last.get("tool_call_id")
-        and str(kept.get("content"))[:200] == str(last.get("content"))[:200]
+    same_turn = (
+        kept == last
+        or (  # the current tool output may be truncated, never dropped
+            kept.get("role") == last.get("role")
+            and kept.get("tool_call_id") == last.get("tool_call_id")
+            and str(kept.get("content"))[:200] == str(last.get("content"))[:200]
+        )
     )
     return not same_turn or bool(check_pair_safety(out)) or sum(count(m) for m in out) > budget
 
@@ -188,9 +191,7 @@ class Compared:
     requests: int
 
 
-def compare(
-    messages: Messages, model: str, window: int, counter: TokenCounter
-) -> list[Compared]:
+def compare(messages: Messages, model: str, window: int, counter: TokenCounter) -> list[Compared]:
     """inflight's `auto` (without summaries, offline) beside the baselines, replayed request by
     request, each judged the same way."""
 

@@ -14,10 +14,10 @@ import orjson
 
 from inflight.compaction.cost_mode import CutFor
 from inflight.compaction.cuts import Cut, cuts_of
-from inflight.compaction.formats import ApiName, Conversation, WireFormat
 from inflight.compaction.offload import offload
 from inflight.compaction.report import Preview, facts_report, report_headers
 from inflight.compaction.summary.prompt import SummaryUsage
+from inflight.compaction.wire import ApiName, Conversation, WireFormat
 from inflight.errors import ContextLengthExceeded
 from inflight.settings import OnOverflow
 from inflight.strategies import StrategyName

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from inflight.compaction.engine import CompactionResult
-from inflight.compaction.formats import Conversation
 from inflight.compaction.prune import is_placeholder, tool_names
 from inflight.compaction.refs import content_bytes, content_sha256, ref_for
 from inflight.compaction.unit_costs import TOOL_KINDS
+from inflight.compaction.wire import Conversation
 
 CutKind = Literal["truncated", "pruned", "trimmed", "summarized", "dropped"]
 

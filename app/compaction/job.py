@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inflight.compaction.engine import CompactionResult, compact, marker_tokens
-from inflight.compaction.formats import Conversation, WireFormat
 from inflight.compaction.pins import Pin, pin_tokens
 from inflight.compaction.planner import plan
 from inflight.compaction.policy import Budget
@@ -20,6 +19,7 @@ from inflight.compaction.summary.prompt import SummaryUsage
 from inflight.compaction.summary.request import Asked, StandIn
 from inflight.compaction.summary.rolling import summary_budget
 from inflight.compaction.unit_costs import MessageCounter
+from inflight.compaction.wire import Conversation, WireFormat
 from inflight.errors import ProxyError
 from inflight.strategies import StrategyName
 from inflight.tokens.counter import Counted, TokenCounter, count_within, counts_within

@@ -10,10 +10,10 @@ from typing import Any, Literal
 from inflight.compaction.cost_mode import Economics
 from inflight.compaction.engine import CompactionResult
 from inflight.compaction.facts import fate, identifier_set, message_text, whole_positions
-from inflight.compaction.formats import Conversation
 from inflight.compaction.refs import REF_SUFFIX_RE
 from inflight.compaction.summary.prompt import SummaryUsage
 from inflight.compaction.summary.stats import summary_outcome
+from inflight.compaction.wire import Conversation
 
 # What stood for a compaction event's cut span (DESIGN.md §12): `ready` — made for this request,
 # which waited for it; `cached` — made before; `pending` — being made in the background, the

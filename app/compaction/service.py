@@ -16,6 +16,7 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
+from inflight.apis.chat.format import ChatFormat
 from inflight.compaction.compacted import Compacted, compacted_of, ledgered, overflow_bound
 from inflight.compaction.cost_mode import (
     CacheRates,
@@ -25,8 +26,6 @@ from inflight.compaction.cost_mode import (
     economics,
 )
 from inflight.compaction.engine import compact
-from inflight.compaction.formats import WireFormat
-from inflight.compaction.formats.chat import ChatFormat
 from inflight.compaction.job import Job, Outcome, Planning, view_of
 from inflight.compaction.offload import as_received, is_heavy, offload, run_off
 from inflight.compaction.policy import Budget, Controls, parse_controls, resolve_pipeline
@@ -42,6 +41,7 @@ from inflight.compaction.summary.request import (
 )
 from inflight.compaction.summary.rolling import Summaries, summary_budget
 from inflight.compaction.summary.stand_in import without_summary
+from inflight.compaction.wire import WireFormat
 from inflight.credentials import client_identity
 from inflight.errors import BadRequest
 from inflight.jsontext import HistoryTexts

@@ -3,9 +3,9 @@ API) and the ledger of what one compacted request cut."""
 
 from __future__ import annotations
 
+from inflight.apis.chat.openapi import CHAT_REQUEST, chat_operation
+from inflight.apis.responses.openapi import RESPONSES_REQUEST
 from inflight.http.openapi import NULLABLE_STRING, JSONSchema, errors, json_content
-from inflight.http.openapi_chat import CHAT_REQUEST, chat_operation
-from inflight.http.openapi_responses import RESPONSES_REQUEST
 
 _REPORT_FIELDS: JSONSchema = {
     "context_limit": {"type": "integer"},

@@ -19,10 +19,10 @@ from inflight.settings import ContextEditsMode
 from inflight.usage.records import Outcome
 
 if TYPE_CHECKING:
+    from inflight.apis.anthropic.context_edits import EditedBody
     from inflight.compaction.compacted import Compacted
-    from inflight.compaction.context_edits import EditedBody
-    from inflight.compaction.formats import WireFormat
     from inflight.compaction.summary.prompt import SummaryUsage
+    from inflight.compaction.wire import WireFormat
 
 # (bytes to forward, the parsed body) -> (bytes asking for stream usage, cut the usage chunk)
 StreamUsage = Callable[[bytes, Mapping[str, Any]], tuple[bytes, bool]]

@@ -62,6 +62,7 @@ class SummaryShapes:
             "in that shape again", shape, url, model, status, message,
         )  # fmt: skip
 
+
 _SUMMARY_HEADERS = frozenset(
     {"authorization", "api-key", "x-api-key", "openai-organization", "openai-project"}
 )
@@ -123,9 +124,7 @@ def _responses_body(body: dict[str, Any], shape: Shape) -> dict[str, Any]:
     limit = int(body.get("max_tokens") or 0)
     shaped: dict[str, Any] = {
         "model": body["model"],
-        "input": [
-            {"role": m["role"], "content": m["content"]} for m in body.get("messages", [])
-        ],
+        "input": [{"role": m["role"], "content": m["content"]} for m in body.get("messages", [])],
         "store": False,
         "stream": False,
     }
@@ -251,9 +250,7 @@ def _shaped(
     return complete
 
 
-def _sender(
-    upstream: Upstream, url: str, headers: list[tuple[str, str]], deadline: float
-) -> Send:
+def _sender(upstream: Upstream, url: str, headers: list[tuple[str, str]], deadline: float) -> Send:
     """One bounded POST of a JSON body: (status, body bytes); transport failures and the
     deadline become `SummaryFailed`."""
     from inflight.compaction.summary.prompt import SummaryFailed

@@ -4,7 +4,7 @@ One `ApiService` serves one route (`POST /v1/chat/completions`, `/v1/responses`,
 `/v1/messages`). What differs between the APIs is an `Api` value: its routes, the `WireFormat`
 adapter the compaction service plans through, how its body is checked, how usage and errors
 read, and whether a stream must be asked for usage. A new API adds an `Api` (a module beside
-`app/proxy/chat.py`) and a route, not branches here. `Api` and `Exchange` are defined in
+`app/apis/chat/api.py`) and a route, not branches here. `Api` and `Exchange` are defined in
 app/proxy/api.py.
 """
 
@@ -21,7 +21,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from inflight.compaction.context_edits import CONTEXT_MANAGEMENT_BETA
+from inflight.apis.anthropic.context_edits import CONTEXT_MANAGEMENT_BETA
 from inflight.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
 from inflight.proxy.api import Api, Exchange
 from inflight.proxy.body import ClientGone, body_owner, read_body

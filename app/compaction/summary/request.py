@@ -15,7 +15,6 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from inflight.compaction.formats import ApiName
 from inflight.compaction.offload import offload
 from inflight.compaction.policy import Budget
 from inflight.compaction.rendering import Plan
@@ -28,6 +27,7 @@ from inflight.compaction.summary.rolling import Summaries, SummaryJob, boundary_
 from inflight.compaction.summary.stats import count_fallback
 from inflight.compaction.unit_costs import MessageCounter
 from inflight.compaction.units import head_end
+from inflight.compaction.wire import ApiName
 from inflight.lru import BoundedLRU, weigh_strings
 from inflight.settings import Settings
 from inflight.tokens.counter import TokenCounter

@@ -8,11 +8,11 @@ from typing import Any, NoReturn
 from fastapi import APIRouter, Request
 from starlette.exceptions import HTTPException
 
+from inflight.apis.detect import detect_api
 from inflight.compaction.compacted import HISTORY_PARAM
-from inflight.compaction.formats import ApiName
-from inflight.compaction.formats.detect import detect_api
 from inflight.compaction.offload import offload
 from inflight.compaction.report import Preview, count_report, preview_report
+from inflight.compaction.wire import ApiName
 from inflight.http import openapi_compaction
 from inflight.http.routes.passthrough import METHODS
 from inflight.http.state import ClientKey, State

@@ -33,8 +33,8 @@ from typing import Any, Literal
 
 import orjson
 
-from inflight.compaction.formats import Conversation
-from inflight.compaction.formats.messages_rules import block_type, blocks_of, turns_of
+from inflight.apis.anthropic.rules import block_type, blocks_of, turns_of
+from inflight.compaction.wire import Conversation
 
 Path = tuple[int, ...]  # (message, block) or (message, block, block inside a tool_result)
 PieceKind = Literal["assistant", "result", "extra", "plain"]

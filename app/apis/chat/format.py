@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from inflight.compaction.formats import ApiName, Conversation
+from inflight.compaction.wire import ApiName, Conversation
 
 
 class ChatFormat:

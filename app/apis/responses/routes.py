@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from inflight.http import openapi_responses
+from inflight.apis.responses import openapi as openapi_responses
 from inflight.http.state import api_client, app_state
 
 router = APIRouter()

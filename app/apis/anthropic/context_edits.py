@@ -20,7 +20,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from inflight.compaction.formats.messages_rules import block_type, blocks_of, turns_of
+from inflight.apis.anthropic.rules import block_type, blocks_of, turns_of
 from inflight.errors import BadRequest
 from inflight.tokens.heuristic import heuristic_tokens
 

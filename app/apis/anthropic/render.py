@@ -22,8 +22,8 @@ from typing import Any
 
 import orjson
 
-from inflight.compaction.formats.messages_rules import block_type, blocks_of, turns_of
-from inflight.compaction.formats.messages_view import THINKING, MessagesConversation, Path, Piece
+from inflight.apis.anthropic.rules import block_type, blocks_of, turns_of
+from inflight.apis.anthropic.view import THINKING, MessagesConversation, Path, Piece
 
 Blocks = list[tuple[Path | None, Any]]  # (where the block came from; None: written here, block)
 

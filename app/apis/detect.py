@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, get_args
 
-from inflight.compaction.formats import ApiName
+from inflight.compaction.wire import ApiName
 from inflight.errors import InvalidControl
 
 FORMAT_HEADER = "X-Compaction-Format"

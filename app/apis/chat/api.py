@@ -12,10 +12,10 @@ from typing import Any
 
 import orjson
 
-from inflight.compaction.formats.chat import ChatFormat
+from inflight.apis.chat.format import ChatFormat
+from inflight.apis.chat.restore import ChatDialect
 from inflight.proxy.api import Api
 from inflight.proxy.body import add_include_usage, check_chat_rest, parse_chat_body
-from inflight.proxy.restore_chat import ChatDialect
 
 
 def ask_stream_usage(forward: bytes, body: Mapping[str, Any]) -> tuple[bytes, bool]:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from inflight.apis.chat.openapi import SSE_EVENT
 from inflight.http.openapi import COMPACTION, CONTROL_HEADERS, JSONSchema, errors, json_content
-from inflight.http.openapi_chat import SSE_EVENT
 
 RESPONSES_ITEM: JSONSchema = {
     "description": "An input item: a message (`role`, `type` optional) or a typed item",

@@ -42,7 +42,7 @@ from typing import Any
 
 import orjson
 
-from inflight.compaction.formats import ApiName, Conversation
+from inflight.compaction.wire import ApiName, Conversation
 from inflight.errors import BadRequest
 
 

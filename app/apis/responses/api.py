@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from inflight.compaction.formats.responses import ResponsesFormat
+from inflight.apis.responses.format import ResponsesFormat
+from inflight.apis.responses.restore import ResponsesDialect
 from inflight.proxy.api import Api
 from inflight.proxy.body import check_model_rest, check_stream, parse_model_body
-from inflight.proxy.restore_responses import ResponsesDialect
 
 
 def parse_responses_body(raw: bytes) -> dict[str, Any]:

@@ -17,13 +17,13 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from inflight.compaction.context_edits import EditedBody, apply_edits
-from inflight.compaction.formats.messages import MessagesFormat
+from inflight.apis.anthropic.context_edits import EditedBody, apply_edits
+from inflight.apis.anthropic.format import MessagesFormat
+from inflight.apis.anthropic.restore import MessagesDialect
+from inflight.apis.responses.api import parse_responses_body
 from inflight.errors import ProxyError
 from inflight.proxy.api import Api
 from inflight.proxy.body import check_model_rest
-from inflight.proxy.responses import parse_responses_body
-from inflight.proxy.restore_messages import MessagesDialect
 from inflight.proxy.sse_tap import EventEdit, Usage
 from inflight.settings import ContextEditsMode
 

@@ -8,9 +8,9 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
+from inflight.apis.anthropic.api import anthropic_error_body
 from inflight.http.routes.passthrough import METHODS
 from inflight.http.state import State, api_client, app_state, require_client
-from inflight.proxy.messages import anthropic_error_body
 
 router = APIRouter()
 

@@ -15,11 +15,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from inflight.compaction.context_edits import upstream_sees
-from inflight.compaction.formats import ApiName, Conversation
-from inflight.compaction.formats.messages_render import render_messages
-from inflight.compaction.formats.messages_rules import problems
-from inflight.compaction.formats.messages_view import MessagesConversation, build_view
+from inflight.apis.anthropic.context_edits import upstream_sees
+from inflight.apis.anthropic.render import render_messages
+from inflight.apis.anthropic.rules import problems
+from inflight.apis.anthropic.view import MessagesConversation, build_view
+from inflight.compaction.wire import ApiName, Conversation
 from inflight.errors import BadRequest
 
 FIXED_FIELDS = ("system", "tools", "tool_choice")

@@ -1,0 +1,1 @@
+"""The compacting APIs, one package per wire format; `registry` names them."""

@@ -14,9 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from inflight import __version__
-from inflight.apis.anthropic.api import MESSAGES_API
-from inflight.apis.chat.api import CHAT_API
-from inflight.apis.responses.api import RESPONSES_API
+from inflight.apis.registry import APIS
 from inflight.banner import log_banner
 from inflight.compaction.cost_mode import PrefillRates
 from inflight.compaction.service import CompactionService
@@ -32,16 +30,7 @@ from inflight.http.auth import KeyChecker
 from inflight.http.errors import error_response, proxy_error_handler, unexpected_error_handler
 from inflight.http.hot import InflightApp
 from inflight.http.readiness import Check, Readiness
-from inflight.http.routes import (
-    chat,
-    compaction,
-    dashboard,
-    ledger,
-    messages,
-    ops,
-    passthrough,
-    responses,
-)
+from inflight.http.routes import compaction, dashboard, ledger, ops, passthrough
 from inflight.http.state import AppState
 from inflight.pricing.meter import CostMeter
 from inflight.pricing.table import PriceTable
@@ -150,7 +139,7 @@ def _compaction(
     def summary_upstream(model: str, api: ApiName) -> str:
         if summary_route is not None:
             return summary_route.base_url
-        return upstream.route(model, anthropic=api == "messages").base_url
+        return upstream.route(model, APIS[api].api.provider).base_url
 
     background = _background(settings, upstream, summaries, summary_stats, submit)
     keeps = ledger_mode(settings.ledger, settings.database_url)
@@ -181,7 +170,7 @@ def _prefill_observer(upstream: Upstream, rates: PrefillRates) -> Callable[[Exch
     def observe(exchange: Exchange) -> None:
         prefill = exchange.usage.prefill if exchange.usage is not None else None
         if prefill is not None and exchange.rounds == 1:
-            base_url = upstream.route(exchange.model, anthropic=exchange.api.anthropic).base_url
+            base_url = upstream.route(exchange.model, exchange.api.provider).base_url
             rates.observe(base_url, exchange.model, prefill.tokens, prefill.per_second)
 
     return observe
@@ -348,9 +337,7 @@ def create_app(
         settings=settings,
         upstream=upstream,
         keys=KeyChecker(settings.api_keys),
-        chat=service(CHAT_API),
-        responses=service(RESPONSES_API),
-        messages=service(MESSAGES_API),
+        apis={name: service(served.api) for name, served in APIS.items()},
         passthrough=PassthroughService(settings, upstream, record=submit),
         counter=counter,
         compactor=compactor,
@@ -369,18 +356,13 @@ def _asgi_app(state: AppState, lifespan: Lifespan) -> FastAPI:
     """The FastAPI app over `state`: its error handlers and routes, in matching order."""
     app = InflightApp(title="inflight", version=__version__, lifespan=lifespan)
     app.state.inflight = state
-    app.hot = {  # served ahead of the router (app/http/hot.py)
-        "/v1/chat/completions": chat.chat_completions,
-        "/v1/responses": responses.create_response,
-        "/v1/messages": messages.create_message,
-    }
+    app.hot = {served.api.route: served.endpoint for served in APIS.values()}  # app/http/hot.py
     app.add_exception_handler(ProxyError, proxy_error_handler)
     app.add_exception_handler(HTTPException, _http_error_handler)
     app.add_exception_handler(Exception, unexpected_error_handler)
     app.include_router(ops.router)
-    app.include_router(chat.router)
-    app.include_router(responses.router)
-    app.include_router(messages.router)
+    for served in APIS.values():
+        app.include_router(served.router)
     app.include_router(ledger.router)  # before `/v1/compaction/*`, the proxy's own namespace
     app.include_router(compaction.router)
     app.include_router(dashboard.build_router(DashboardAssets.load()))

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from inflight.apis.chat.api import CHAT_API
+from inflight.apis.chat.api import API as CHAT_API
 from inflight.apis.chat.format import ChatFormat
 from inflight.compaction.service import CompactionService
 from inflight.proxy.api import Exchange

@@ -12,7 +12,7 @@ import pytest
 from fastapi import FastAPI, Request
 from starlette.responses import Response
 
-from inflight.apis.chat.api import CHAT_API
+from inflight.apis.chat.api import API as CHAT_API
 from inflight.errors import ProxyError
 from inflight.factory import create_app
 from inflight.http.state import AppState, api_client

@@ -57,11 +57,7 @@ def bodies(route: str) -> list[dict[str, Any]]:
 def service(app: FastAPI, route: str) -> ApiService:
     state = app.state.inflight
     assert isinstance(state, AppState)
-    return {
-        "/v1/chat/completions": state.chat,
-        "/v1/responses": state.responses,
-        "/v1/messages": state.messages,
-    }[route]
+    return next(service for service in state.apis.values() if service.api.route == route)
 
 
 FAKES: dict[str, Callable[[], Any]] = {

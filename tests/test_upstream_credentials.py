@@ -199,10 +199,10 @@ def test_upstream_route_never_falls_back_to_the_default_key_for_another_upstream
     )  # fmt: skip
     upstream = Upstream(settings, routes=ModelTable.load(settings.config_file("models.toml")))
     assert upstream.route("routed-x").api_key is None
-    assert upstream.route("routed-x", anthropic=True).api_key is None
+    assert upstream.route("routed-x", "anthropic").api_key is None
     assert upstream.route("same-x").api_key == OPENAI_KEY
     assert upstream.route("gpt-4o").api_key == OPENAI_KEY  # the default upstream's own
-    assert upstream.route("claude-x", anthropic=True).api_key == ANTHROPIC_KEY
+    assert upstream.route("claude-x", "anthropic").api_key == ANTHROPIC_KEY
 
 
 # -- a substituted key replaces every credential header ----------------------------------------

@@ -17,19 +17,12 @@ from inflight.compaction.cuts import Cut, cuts_of
 from inflight.compaction.offload import offload
 from inflight.compaction.report import Preview, facts_report, report_headers
 from inflight.compaction.summary.prompt import SummaryUsage
-from inflight.compaction.wire import ApiName, Conversation, WireFormat
+from inflight.compaction.wire import Conversation, WireFormat
 from inflight.errors import ContextLengthExceeded
 from inflight.settings import OnOverflow
 from inflight.strategies import StrategyName
 from inflight.tokens.counter import TokenCounter
 from inflight.windows.overflow import OverflowInfo
-
-# The request field that holds the history, per API (named by a too-long-to-fit error).
-HISTORY_PARAM: dict[ApiName, str] = {
-    "chat": "messages",
-    "responses": "input",
-    "messages": "messages",
-}
 
 # The largest cut (tokens of the messages cut) whose references the ledger row gets: their
 # fates take CPU time in proportion to the cut span and the forwarded prompt.
@@ -80,7 +73,7 @@ def compacted_of(wire: WireFormat, preview: Preview, on_overflow: OnOverflow) ->
             f"the conversation needs {result.tokens_after} tokens after compaction, more than "
             f"the {preview.window - preview.reserve}-token budget of this model's "
             f"{preview.window}-token window",
-            param=HISTORY_PARAM[wire.api],
+            param=wire.history,
         )
     # unchanged: the request's own list (never changed), whose JSON text is known already
     # (app/jsontext.py)

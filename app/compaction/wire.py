@@ -40,6 +40,7 @@ class WireFormat(Protocol):
     """One protocol's adapter (chat completions, Responses, Messages)."""
 
     api: ApiName
+    history: str  # the request field that holds the history (`messages`, `input`)
 
     def conversation(self, body: Mapping[str, Any]) -> Conversation:
         """The planner's view of `body`; raises `BadRequest` naming the field when malformed."""

@@ -9,6 +9,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from inflight.compaction.service import CompactionService
+from inflight.compaction.wire import ApiName
 from inflight.errors import Unauthorized
 from inflight.http.auth import KeyChecker
 from inflight.http.readiness import Readiness
@@ -29,9 +30,7 @@ class AppState:
     settings: Settings
     upstream: Upstream
     keys: KeyChecker
-    chat: ApiService  # one `ApiService` per compacting API
-    responses: ApiService
-    messages: ApiService
+    apis: Mapping[ApiName, ApiService]  # one per compacting API (app/apis/registry.py)
     passthrough: PassthroughService
     counter: ChatTokenCounter
     compactor: CompactionService

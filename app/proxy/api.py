@@ -15,6 +15,7 @@ from inflight.errors import ProxyError
 from inflight.proxy.restore import Dialect
 from inflight.proxy.reuse import Reused
 from inflight.proxy.sse_tap import EventEdit, Usage
+from inflight.proxy.upstream import Provider
 from inflight.settings import ContextEditsMode
 from inflight.usage.records import Outcome
 
@@ -60,18 +61,21 @@ class Api:
     upstream_path: str  # joined to the upstream's base URL, e.g. `/chat/completions`
     wire: WireFormat  # the adapter the compaction service plans and renders through
     parse_body: Callable[[bytes], dict[str, Any]]  # parse and check the shape (400 naming why)
-    # The history array a conversation's next request extends (app/proxy/reuse.py), and the
-    # checks `parse_body` makes on a body parsed from a remembered one, of what was parsed now.
-    history: str | None = None
+    # The checks `parse_body` makes on a body parsed from a remembered one (app/proxy/reuse.py:
+    # the next request of a conversation extends the history), of what was parsed now.
     check_rest: Callable[[Reused], None] | None = None
     history_is_view: bool = False  # the adapter plans on that very list (chat)
     usage: Callable[[Any], Usage | None] = Usage.from_json  # a JSON answer's `usage` value
     stream_usage: StreamUsage | None = None  # ask a stream for usage (None: it always has it)
     error_body: Callable[[ProxyError], dict[str, Any]] = openai_error_body  # the error envelope
-    # Anthropic's API: sent to INFLIGHT_ANTHROPIC_UPSTREAM_URL, its key in `x-api-key`.
-    anthropic: bool = False
+    provider: Provider = "openai"  # whose API: its default upstream and key header
     restore: Dialect | None = None  # how restore offers its tool here (None: not offered)
     context_edits: ContextEditing | None = None  # the client's own context editing (§13)
+
+    @property
+    def history(self) -> str:
+        """The history array a conversation's next request extends."""
+        return self.wire.history
 
     def error_frame(self, error: ProxyError) -> bytes:
         """`error` as a final SSE event, for a stream that already started."""

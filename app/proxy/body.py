@@ -229,3 +229,11 @@ def add_include_usage(raw: bytes, body: dict[str, Any]) -> bytes | None:
         return None
     brace = raw.find(b"{")
     return raw[: brace + 1] + b'"stream_options":{"include_usage":true},' + raw[brace + 1 :]
+
+
+def parse_streamable_body(raw: bytes) -> dict[str, Any]:
+    """Parse a Responses or Messages request: an object with a `model`, and a boolean `stream`
+    if any (what the history holds is the format adapter's to check, naming the item)."""
+    body = parse_model_body(raw)
+    check_stream(body)
+    return body

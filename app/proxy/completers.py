@@ -168,7 +168,7 @@ def anthropic_summary_completer(
     body as it is) goes to the model's Anthropic route with the client's `x-api-key` (or
     `INFLIGHT_ANTHROPIC_API_KEY`) and `anthropic-version`; the answer is read back as the chat
     completion the summariser parses (text, and usage with cache reads and writes)."""
-    route = upstream.route(model, anthropic=True)
+    route = upstream.route(model, "anthropic")
     headers = filter_request_headers(
         [(k, v) for k, v in client_headers.items() if k.lower() in _ANTHROPIC_HEADERS],
         api_key=route.api_key,

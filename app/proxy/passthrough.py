@@ -17,7 +17,7 @@ from inflight.proxy.body import ClientGone, limited_stream
 from inflight.proxy.headers import filter_request_headers, filter_response_headers
 from inflight.proxy.recording import passthrough_record, passthrough_route
 from inflight.proxy.relay import RelayResponse, RelayResult
-from inflight.proxy.upstream import Upstream
+from inflight.proxy.upstream import KEY_HEADERS, Provider, Upstream
 from inflight.settings import Settings
 from inflight.usage.records import Outcome, UsageRecord
 
@@ -54,18 +54,17 @@ class PassthroughService:
         request: Request,
         v1_path: str,
         client_key_id: str | None = None,
-        *,
-        anthropic: bool = False,
+        provider: Provider = "openai",
     ) -> Response:
-        """Relay to the default upstream, or (`anthropic`: Anthropic's API beside
-        `/v1/messages`, e.g. `count_tokens`) to the Anthropic upstream, key in `x-api-key`."""
+        """Relay to `provider`'s default upstream (Anthropic's for its API beside
+        `/v1/messages`, e.g. `count_tokens`), its key in that provider's header."""
         started = time.perf_counter()
-        route = self._upstream.anthropic_route if anthropic else self._upstream.default_route
+        route = self._upstream.provider_route(provider)
         headers = filter_request_headers(
             request.headers.items(),
             api_key=route.api_key,
             identity=False,
-            key_header="x-api-key" if anthropic else "authorization",
+            key_header=KEY_HEADERS[provider],
         )
         settings = self._settings
         content = (

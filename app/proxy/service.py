@@ -38,7 +38,7 @@ from inflight.proxy.restore import (
 from inflight.proxy.restore_stream import follow
 from inflight.proxy.reuse import ParsedBodies, Reused
 from inflight.proxy.sse_tap import Prefill, SSETap, Usage
-from inflight.proxy.upstream import Upstream, read_all
+from inflight.proxy.upstream import KEY_HEADERS, Upstream, read_all
 from inflight.settings import Settings
 from inflight.usage.records import Outcome
 
@@ -95,8 +95,7 @@ class ApiService:
         # bounds its wait), else when it ended, before `on_done`
         self._on_answer = on_answer
         self._answer_first = answer_first and on_answer is not None
-        reusable = api.history is not None and api.check_rest is not None
-        self._bodies = ParsedBodies(api.history) if reusable and api.history else None
+        self._bodies = ParsedBodies(api.history) if api.check_rest is not None else None
 
     async def handle(self, request: Request, client_key_id: str | None = None) -> Response:
         started = time.perf_counter()
@@ -178,7 +177,7 @@ class ApiService:
 
     async def _forward(self, request: Request, exchange: Exchange) -> Response:
         """Compact, send (retrying once after an overflow the compactor recovers), relay."""
-        route = self._upstream.route(exchange.model, anthropic=self.api.anthropic)
+        route = self._upstream.route(exchange.model, self.api.provider)
         wire = self.api.wire
         self._edit(exchange, route.base_url)
         exchange.compacted = await self._compactor.prepare(
@@ -189,7 +188,7 @@ class ApiService:
             request.headers.items(),
             api_key=route.api_key,
             identity=True,
-            key_header="x-api-key" if self.api.anthropic else "authorization",
+            key_header=KEY_HEADERS[self.api.provider],
         )
         if exchange.context_management is not None:
             headers = without_beta(headers, CONTEXT_MANAGEMENT_BETA)
@@ -298,7 +297,7 @@ class ApiService:
             exchange.usage = stated or earlier
             if stated is not None and earlier is not None and exchange.rounds > 1:
                 exchange.usage = earlier.plus(stated.after(earlier))  # restore: every round's
-            base_url = self._upstream.route(exchange.model, anthropic=self.api.anthropic).base_url
+            base_url = self._upstream.route(exchange.model, self.api.provider).base_url
             self._check_truncation(exchange, base_url)
             editing, report = self.api.context_edits, exchange.context_management
             if editing is not None and report is not None:

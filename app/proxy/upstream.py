@@ -19,8 +19,15 @@ import httpx
 import orjson
 
 from inflight.errors import BadRequest, UpstreamTimeout, UpstreamUnavailable
+from inflight.proxy.headers import KeyHeader
 from inflight.settings import Settings
 from inflight.windows.table import Route
+
+# Whose API a request speaks, so which upstream setting it goes to by default and in which
+# header the key goes: OpenAI's (`INFLIGHT_UPSTREAM_URL`, `Authorization`) or Anthropic's
+# (`INFLIGHT_ANTHROPIC_UPSTREAM_URL`, `x-api-key`).
+Provider = Literal["openai", "anthropic"]
+KEY_HEADERS: dict[Provider, KeyHeader] = {"openai": "authorization", "anthropic": "x-api-key"}
 
 logger = logging.getLogger(__name__)
 
@@ -236,19 +243,19 @@ class Upstream:
     def default_route(self) -> Route:
         return self._default
 
-    @property
-    def anthropic_route(self) -> Route:
-        """`INFLIGHT_ANTHROPIC_UPSTREAM_URL` and `INFLIGHT_ANTHROPIC_API_KEY`."""
-        return self._anthropic
+    def provider_route(self, provider: Provider) -> Route:
+        """The default upstream of `provider`'s API (Anthropic's: `INFLIGHT_ANTHROPIC_UPSTREAM_URL`
+        and `INFLIGHT_ANTHROPIC_API_KEY`)."""
+        return self._anthropic if provider == "anthropic" else self._default
 
-    def route(self, model: str | None, *, anthropic: bool = False) -> Route:
+    def route(self, model: str | None, provider: Provider = "openai") -> Route:
         """The upstream for `model`: its `models.toml` entry, else `INFLIGHT_UPSTREAM_URL`
         (`INFLIGHT_ANTHROPIC_UPSTREAM_URL` for Anthropic's API).
 
         An entry's key is its `api_key_env`; without one the client's own credentials go
         through, never the default upstream's key, which is the operator's for that upstream
         alone (an entry naming that very base URL is that upstream, and keeps it)."""
-        default = self._anthropic if anthropic else self._default
+        default = self.provider_route(provider)
         if model and self._routes is not None:
             found = self._routes.route_for(model)
             if found is not None:

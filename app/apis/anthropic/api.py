@@ -20,10 +20,9 @@ import orjson
 from inflight.apis.anthropic.context_edits import EditedBody, apply_edits
 from inflight.apis.anthropic.format import MessagesFormat
 from inflight.apis.anthropic.restore import MessagesDialect
-from inflight.apis.responses.api import parse_responses_body
 from inflight.errors import ProxyError
 from inflight.proxy.api import Api
-from inflight.proxy.body import check_model_rest
+from inflight.proxy.body import check_model_rest, parse_streamable_body
 from inflight.proxy.sse_tap import EventEdit, Usage
 from inflight.settings import ContextEditsMode
 
@@ -104,16 +103,15 @@ class ReportEdits:
         ]
 
 
-MESSAGES_API = Api(
+API = Api(
     route="/v1/messages",
     upstream_path="/messages",
     wire=MessagesFormat(),
-    parse_body=parse_responses_body,  # the same check: an object naming its model
-    history="messages",
+    parse_body=parse_streamable_body,
     check_rest=check_model_rest,
     usage=Usage.from_anthropic,
     error_body=anthropic_error_body,
-    anthropic=True,
+    provider="anthropic",
     restore=MessagesDialect(),
     context_edits=AnthropicContextEditing(),
 )

@@ -29,6 +29,7 @@ class MessagesFormat:
     """`POST /v1/messages` bodies (Anthropic's Messages API)."""
 
     api: ApiName = "messages"
+    history: str = "messages"
 
     def conversation(self, body: Mapping[str, Any]) -> Conversation:
         """Never raises: a body Anthropic would reject still has a view (its problems matter

@@ -27,7 +27,7 @@ async def anthropic_client(request: Request) -> str | None:
 @router.post("/v1/messages", response_model=None, include_in_schema=False)
 async def create_message(request: Request) -> Response:
     # no FastAPI dependencies on the hot path: they cost more than the work they do
-    service = app_state(request).messages
+    service = app_state(request).apis["messages"]
     return await service.handle(request, await api_client(request, service))
 
 
@@ -40,7 +40,7 @@ async def messages_passthrough(
     state: State,
     client: Annotated[str | None, Depends(anthropic_client)],
 ) -> Response:
-    return await state.passthrough.handle(request, f"/messages/{path}", client, anthropic=True)
+    return await state.passthrough.handle(request, f"/messages/{path}", client, "anthropic")
 
 
 @router.api_route(
@@ -53,4 +53,4 @@ async def messages_other_methods(
     request: Request, state: State, client: Annotated[str | None, Depends(anthropic_client)]
 ) -> Response:
     """Anthropic's API answers these (a 405): they go to it, not to the OpenAI upstream."""
-    return await state.passthrough.handle(request, "/messages", client, anthropic=True)
+    return await state.passthrough.handle(request, "/messages", client, "anthropic")

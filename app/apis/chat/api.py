@@ -31,12 +31,11 @@ def ask_stream_usage(forward: bytes, body: Mapping[str, Any]) -> tuple[bytes, bo
     return spliced, True
 
 
-CHAT_API = Api(
+API = Api(
     route="/v1/chat/completions",
     upstream_path="/chat/completions",
     wire=ChatFormat(),
     parse_body=parse_chat_body,
-    history="messages",
     check_rest=check_chat_rest,
     history_is_view=True,
     stream_usage=ask_stream_usage,

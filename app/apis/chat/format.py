@@ -12,6 +12,7 @@ class ChatFormat:
     """`POST /v1/chat/completions` bodies."""
 
     api: ApiName = "chat"
+    history: str = "messages"
 
     def conversation(self, body: Mapping[str, Any]) -> Conversation:
         return Conversation(messages=body["messages"], fixed=body)

@@ -16,5 +16,5 @@ router = APIRouter()
 )
 async def chat_completions(request: Request) -> Response:
     # no FastAPI dependencies on the hot path: they cost more than the work they do
-    service = app_state(request).chat
+    service = app_state(request).apis["chat"]
     return await service.handle(request, await api_client(request, service))

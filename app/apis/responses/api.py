@@ -8,27 +8,16 @@ knows no `stream_options.include_usage`); errors use OpenAI's envelope (the defa
 
 from __future__ import annotations
 
-from typing import Any
-
 from inflight.apis.responses.format import ResponsesFormat
 from inflight.apis.responses.restore import ResponsesDialect
 from inflight.proxy.api import Api
-from inflight.proxy.body import check_model_rest, check_stream, parse_model_body
+from inflight.proxy.body import check_model_rest, parse_streamable_body
 
-
-def parse_responses_body(raw: bytes) -> dict[str, Any]:
-    """Parse a Responses request: an object with a `model` and a boolean `stream` if any."""
-    body = parse_model_body(raw)
-    check_stream(body)
-    return body
-
-
-RESPONSES_API = Api(
+API = Api(
     route="/v1/responses",
     upstream_path="/responses",
     wire=ResponsesFormat(),
-    parse_body=parse_responses_body,
-    history="input",
+    parse_body=parse_streamable_body,
     check_rest=check_model_rest,
     restore=ResponsesDialect(),
 )

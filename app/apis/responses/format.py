@@ -320,6 +320,7 @@ class ResponsesFormat:
     """`POST /v1/responses` bodies."""
 
     api: ApiName = "responses"
+    history: str = "input"
 
     def conversation(self, body: Mapping[str, Any]) -> ResponsesConversation:
         raw = body.get("input")

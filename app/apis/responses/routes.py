@@ -14,5 +14,5 @@ router = APIRouter()
 @router.post("/v1/responses", response_model=None, openapi_extra=openapi_responses.RESPONSES)
 async def create_response(request: Request) -> Response:
     # no FastAPI dependencies on the hot path: they cost more than the work they do
-    service = app_state(request).responses
+    service = app_state(request).apis["responses"]
     return await service.handle(request, await api_client(request, service))

@@ -9,7 +9,6 @@ from fastapi import APIRouter, Request
 from starlette.exceptions import HTTPException
 
 from inflight.apis.detect import detect_api
-from inflight.compaction.compacted import HISTORY_PARAM
 from inflight.compaction.offload import offload
 from inflight.compaction.report import Preview, count_report, preview_report
 from inflight.compaction.wire import ApiName
@@ -24,12 +23,10 @@ router = APIRouter()
 async def _plan(request: Request, state: State, *, count: bool) -> tuple[ApiName, Preview]:
     """The body, in whichever API it speaks (DESIGN.md §8), compacted (`count`: only counted)."""
     raw = await read_body(request, state.settings.max_body_bytes)
-    services = (state.chat, state.responses, state.messages)
-    apis = {service.api.wire.api: service.api for service in services}
     name = detect_api(request.headers, parse_model_body(raw))
-    api = apis[name]  # every API detect_api names is served
+    api = state.apis[name].api  # every API detect_api names is served
     body = api.parse_body(raw)
-    route = state.upstream.route(body["model"], anthropic=api.anthropic)
+    route = state.upstream.route(body["model"], api.provider)
     strategies = () if count else None
     planned = await state.compactor.plan(
         request.headers, body, route.base_url, wire=api.wire, strategies=strategies
@@ -40,7 +37,7 @@ async def _plan(request: Request, state: State, *, count: bool) -> tuple[ApiName
 @router.post("/v1/compaction/preview", openapi_extra=openapi_compaction.PREVIEW)
 async def preview(request: Request, state: State, client: ClientKey) -> dict[str, Any]:
     name, result = await _plan(request, state, count=False)
-    history = HISTORY_PARAM[name]
+    history = state.apis[name].api.history
     # the report reads every cut message's identifiers: a large one is worked out off the loop
     messages = result.conversation.messages
     report = await offload(messages, partial(preview_report, result), state.compactor.texts)

@@ -306,7 +306,7 @@ async def test_a_remembered_body_is_reused_for_its_own_client_only(other: dict[s
     history = turns(route, 5)
     own = {"authorization": "Bearer key-a"}
     async with proxy() as shared:
-        remembered = shared.app.state.inflight.chat._bodies
+        remembered = shared.app.state.inflight.apis["chat"]._bodies
         await shared.send(route, orjson.dumps(body(route, history[:2])), own)
         await shared.send(route, orjson.dumps(body(route, history[:3])), other)
         assert remembered.reused == 0

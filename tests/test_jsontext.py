@@ -71,7 +71,7 @@ def test_starts_with_agrees_with_the_bytes(
     from tests.conftest import make_settings
 
     app = create_app(make_settings(tmp_path_factory.mktemp("s")))
-    chat = app.state.inflight.chat
+    chat = app.state.inflight.apis["chat"]
     shared = chat._compactor.texts  # the parser's, the counter's and the replay cache's
     messages: list[dict[str, Any]] = [{"role": "system", "content": "s " * 300}]
     model, texts, claimed = "gpt-4o", [], 0

@@ -49,6 +49,8 @@ def parse(bodies: ParsedBodies, raw: bytes, owner: bytes = b"a") -> tuple[dict[s
     return body, 0 if reused is None else reused.reused
 
 
+# 80 large examples take a minute on a quiet 2-core machine: bounded at 300 s, not the default
+@pytest.mark.timeout(300)
 @given(conversations(), conversations(), st.data())
 @settings(
     max_examples=80,

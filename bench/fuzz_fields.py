@@ -1,4 +1,4 @@
-"""The hostile-field fuzz of tests/test_hostile.py, run longer: `python -m bench.fuzz_fields
+"""The hostile-field fuzz of tests/asgi/test_hostile.py, run longer: `python -m bench.fuzz_fields
 --examples N` sends N requests for each route × restore × stream (fields of the well-formed
 body set to null, numbers, strings, objects, arrays, booleans, huge ints; small windows) and
 prints every distinct problem (anything but the upstream's answer or a 400 in the route's
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 
-from tests.hostile_fields import SWITCHES, Case, cases, fuzzed_proxy, problem, send
+from tests.support.hostile_fields import SWITCHES, Case, cases, fuzzed_proxy, problem, send
 
 
 def draw_cases(examples: int, seed: int) -> list[Case]:

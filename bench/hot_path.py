@@ -320,7 +320,7 @@ def cold_counting(runs: int = 21) -> str:
     """A 300-message transcript counted by a new counter each time: exact counts as a default
     install makes them (rs_bpe), with the `fast` extra (quicktok for ASCII text, rs_bpe for
     the rest) and with tiktoken alone (before); the heuristic against its former regex passes
-    (the same figures: tests/test_tokens_fast.py)."""
+    (the same figures: tests/unit/tokens/test_tokens_fast.py)."""
     encodings = load_encodings()
     default = EncodingSet(encodings.encodings, encodings.missing, {}, encodings.text_counters)
     tiktoken_only = EncodingSet(encodings.encodings, encodings.missing)

@@ -28,8 +28,8 @@ from inflight.factory import create_app
 from inflight.settings import Settings
 from inflight.tokens.encodings import EncodingSet, load_encodings
 from inflight.windows.shared import LearnedStore, MemoryLearnedStore
-from tests.redis_server import RedisServer
 from tests.support import free_port, load_traces, request_points
+from tests.support.redis_server import RedisServer
 
 MODEL = "qwen2.5-7b-instruct"  # heuristic counting: calibration is active
 CONFIG = Path(__file__).resolve().parents[1] / "config"
@@ -50,7 +50,7 @@ class BillingUpstream:
     served: int = 0
 
     def billed(self, messages: Sequence[Mapping[str, Any]]) -> int:
-        from tests.fake_upstream import reference_tokens
+        from tests.support.fake_upstream import reference_tokens
 
         base = reference_tokens([dict(m) for m in messages])
         rate = 1.0 + self.drift * self.served

@@ -21,9 +21,9 @@ from inflight.compaction.engine import compact
 from inflight.compaction.policy import Budget
 from inflight.tokens.counter import ChatTokenCounter
 from inflight.tokens.encodings import load_encodings
-from tests.conversations import common_prefix
-from tests.responses_items import pair_problems, request_body, request_points
 from tests.support import load_traces
+from tests.support.conversations import common_prefix
+from tests.support.responses_items import pair_problems, request_body, request_points
 
 Count = Callable[[Mapping[str, Any]], int]
 PIPELINE = ("truncate", "prune", "trim")

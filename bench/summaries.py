@@ -27,8 +27,8 @@ from bench.ahead import PARTIAL, reachable
 from bench.procs import process, proxy_process
 from inflight.tokens.counter import ChatTokenCounter
 from inflight.tokens.encodings import load_encodings
-from tests.conversations import common_prefix
 from tests.support import free_port, load_traces, request_points
+from tests.support.conversations import common_prefix
 
 SUMMARY_SECONDS = 2.0
 ANSWER_SECONDS = 1.0

@@ -21,8 +21,8 @@ import httpx
 import orjson
 
 from bench.procs import process, proxy_process
-from tests.conversations import planted
 from tests.support import free_port
+from tests.support.conversations import planted
 
 ANSWER_SECONDS = 0.1
 SUMMARY_SECONDS = 0.5

@@ -4,7 +4,7 @@ way, for the replay cache its conversation's next requests resume.
 
 Its replay would cross the trigger nowhere (every unit costs >= 0, so no prefix costs more
 than the whole), so its plan is to keep everything: the argument of `planner._quiet`. What it
-forwards, reports and leaves in the cache is what planning gives (tests/test_quiet_path.py).
+forwards, reports and leaves in the cache is what planning gives (tests/asgi/test_quiet_path.py).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ unit (DESIGN.md §4.7), and the replay's state after a prefix depends on that pr
 plan's other inputs alone. So the state at the end of one request's replay is the state at that
 prefix for any later request that starts with the same messages and has the same inputs: that
 request resumes it, replays only its new units, and gets exactly the plan of a replay from the
-first message (tests/test_replay_cache.py checks it on random growing conversations).
+first message (tests/unit/compaction/test_replay_cache.py checks it on random growing conversations).
 
 An entry is keyed by every input of `plan()` but the messages and the count function, plus
 what the count function depends on besides the message (`Replays.counting`: the counter's

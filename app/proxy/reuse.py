@@ -68,7 +68,7 @@ class ParsedBodies:
     body (byte-identical and canonical there), the rest (`{"key":[` + the bytes after item k)
     parsed now. That is taken only when the new bytes are orjson's text of the result, shown
     without serialising it (`_combined`); anything else is parsed in full. Equal to
-    `orjson.loads` on every input: tests/test_reuse_differential.py checks it.
+    `orjson.loads` on every input: tests/unit/proxy/test_reuse_differential.py checks it.
 
     Remembered bodies are found by their owner (`inflight.proxy.body.body_owner`: a hash of the
     client's credentials and route, so nothing one client sent is reused for another) and

@@ -23,7 +23,7 @@ async def anthropic_client(request: Request) -> str | None:
 
 # Not in the OpenAPI schema: what makes a Messages body compactable (alternation, pairing) is
 # not something JSON Schema can state, so the route is fuzzed by its own tests instead
-# (tests/test_anthropic_route.py).
+# (tests/asgi/test_anthropic_route.py).
 @router.post("/v1/messages", response_model=None, include_in_schema=False)
 async def create_message(request: Request) -> Response:
     # no FastAPI dependencies on the hot path: they cost more than the work they do

@@ -1,17 +1,5 @@
 """The proxy's own error tree and the OpenAI envelope each error renders as (no web imports).
 
-ProxyError
- ├── BadRequest (400, invalid_request_error)
- │    ├── InvalidJSON            code=invalid_json
- │    ├── InvalidControl         code=invalid_compaction_control (a bad X-Compaction-* / body value)
- │    └── ContextLengthExceeded  code=context_length_exceeded (ON_OVERFLOW=reject)
- ├── Unauthorized (401, invalid_api_key)
- ├── NotFound (404, not_found: e.g. a ledger id that is not the caller's)
- ├── PayloadTooLarge (413)
- ├── UpstreamUnavailable (502: refused, reset, broken body)
- ├── UpstreamTimeout (504)
- └── StoreUnavailable (503, store_unavailable: the usage store is down; writes are spilled)
-
 Errors that the upstream itself returns are not ProxyErrors: they are relayed verbatim.
 """
 
@@ -23,7 +11,20 @@ import orjson
 
 
 class ProxyError(Exception):
-    """An error produced by the proxy itself, rendered as `{"error": {...}}`."""
+    """An error produced by the proxy itself, rendered as `{"error": {...}}`.
+
+    ProxyError
+     ├── BadRequest (400, invalid_request_error)
+     │    ├── InvalidJSON            code=invalid_json
+     │    ├── InvalidControl         code=invalid_compaction_control (bad X-Compaction-*/body value)
+     │    └── ContextLengthExceeded  code=context_length_exceeded (ON_OVERFLOW=reject)
+     ├── Unauthorized (401, invalid_api_key)
+     ├── NotFound (404, not_found: e.g. a ledger id that is not the caller's)
+     ├── PayloadTooLarge (413)
+     ├── UpstreamUnavailable (502: refused, reset, broken body)
+     ├── UpstreamTimeout (504)
+     └── StoreUnavailable (503, store_unavailable: the usage store is down; writes are spilled)
+    """
 
     status_code: ClassVar[int] = 500
     error_type: ClassVar[str] = "server_error"

@@ -1,15 +1,4 @@
-"""A request's messages as one JSON text, serialised once however many parts ask for it.
-
-The counter (its per-conversation prefix memo), the replay cache (its prefix match) and the
-choice of where planning runs each read the whole history as orjson's text: three
-serialisations of a 2,000-message history per request (about 0.1 ms each). The last list
-serialised is kept, with the text, and recognised by identity (a list held here keeps its id);
-request message lists are never changed in place. One, not a few: holding the previous
-requests' histories alive made counting and planning of the next ones slower than the
-serialisations saved (2,000 messages: count + plan 0.64 ms holding one, 1.4 ms holding eight),
-and concurrent requests that take turns only serialise again, as every part did before.
-The state is a `HistoryTexts`, one per app (the counter's), not the module's.
-"""
+"""A request's messages as one JSON text, serialised once however many parts ask for it."""
 
 from __future__ import annotations
 
@@ -27,7 +16,16 @@ CHAIN = 8  # earlier texts whose shared bytes are known per text
 class HistoryTexts:
     """The last history serialised and what the body parser proved of it; thread-safe (the
     event loop's parser tells while planning threads ask). One per app: the counter owns it,
-    and the parser, the replay cache and the choice of where planning runs share it."""
+    and the parser, the replay cache and the choice of where planning runs share it.
+
+    The counter (its per-conversation prefix memo), the replay cache (its prefix match) and the
+    choice of where planning runs each read the whole history as orjson's text: three serialisations
+    of a long history per request. The last list serialised is kept, with the text, and recognised
+    by identity (a list held here keeps its id); request message lists are never changed in place.
+    One, not a few: holding the previous requests' histories alive made counting and planning of the
+    next ones slower than the serialisations saved, and concurrent requests that take turns only
+    serialise again, as every part did before.
+    """
 
     def __init__(self) -> None:
         self._recent: deque[tuple[Sequence[Any], bytes | None]] = deque(maxlen=RECENT)

@@ -1,13 +1,6 @@
 """What one compaction cut, message by message: the entries of the ledger (DESIGN.md §11).
 
-A pure function of the planner's view, the plan and the compacted output: every view message
-that is not forwarded as it was received is one `Cut` — `trimmed`, `summarized` or `dropped`
-(middle-out) when its unit is gone, `pruned` or `truncated` when it is kept with its text
-shrunk. A message of the pinned head is never a cut (a summary folded into the head's user
-message adds a part after its own, unchanged content). Each cut names its position (the view
-index, the one a marker's ref is made of), the body items it stands for, its role, tool name,
-tokens, the sha256 and the ref of its original content; only when the ledger keeps originals
-does it hold that content too (else nothing of a cut message outlives the request).
+A pure function of the planner's view, the plan and the compacted output (`cuts_of`).
 """
 
 from __future__ import annotations
@@ -42,7 +35,17 @@ class CutCall:
 
 @dataclass(frozen=True, slots=True)
 class Cut:
-    """One message the compaction removed or shrank, as the ledger reports it."""
+    """One message the compaction removed or shrank, as the ledger reports it.
+
+    Every view message that is not forwarded as it was received is one `Cut` — `trimmed`,
+    `summarized` or `dropped` (middle-out) when its unit is gone, `pruned` or `truncated` when it is
+    kept with its text shrunk. A message of the pinned head is never a cut (a summary folded into
+    the head's user message adds a part after its own, unchanged content). Each cut names its
+    position (the view index, the one a marker's ref is made of), the body items it stands for, its
+    role, tool name, tokens, the sha256 and the ref of its original content; only when the ledger
+    keeps originals does it hold that content too (else nothing of a cut message outlives the
+    request).
+    """
 
     position: int  # index in the planner's view (for chat: in `messages`)
     items: tuple[int, ...]  # indices in the body's own history (`messages` / `input`)

@@ -1,17 +1,4 @@
-"""`compact`: plan, render, and report — the synchronous entry point of the pure core.
-
-`summarize` needs the upstream, so here it plans the cut a summary would replace; the async
-summary layer swaps in the summary text when one is cached or made. Without it the same cut is
-rendered with nothing (or a stand-in note, or restore's marker) in its place — never re-planned,
-so the summary landing later is one prompt change (DESIGN.md §12).
-
-With restore on (DESIGN.md §11) what was cut or dropped is never silent: one marker naming the
-span's ref stands where a summary would (§4.6 placement, its tokens reserved like a summary's),
-and a summary, when there is one, ends with that marker.
-
-With pins (DESIGN.md §14) what they match in the cut messages stands there too, verbatim and
-bounded (its tokens reserved like the marker's), after the summary and before the marker.
-"""
+"""`compact`: plan, render, and report — the synchronous entry point of the pure core."""
 
 from __future__ import annotations
 
@@ -233,6 +220,17 @@ def compact(
     dropped (with a summary: ends it; `summary_tokens` must then include `marker_tokens`).
     `pins`: what they match in the cut stands there too (`summary_tokens` must then include
     `pin_tokens`); a stand-in is placed whenever the plan cuts, as with restore.
+
+    `summarize` needs the upstream, so here it plans the cut a summary would replace; the async
+    summary layer swaps in the summary text when one is cached or made. Without it the same cut is
+    rendered with nothing (or a stand-in note, or restore's marker) in its place — never re-planned,
+    so the summary landing later is one prompt change (DESIGN.md §12).
+
+    With restore on (DESIGN.md §11) what was cut or dropped is never silent: one marker naming the
+    span's ref stands where a summary would (§4.6 placement, its tokens reserved like a summary's),
+    and a summary, when there is one, ends with that marker. With pins (DESIGN.md §14) what they
+    match in the cut messages stands there too, verbatim and bounded (its tokens reserved like the
+    marker's), after the summary and before the marker.
     """
     if summary is None:
         pipeline = tuple("trim" if s == "summarize" else s for s in pipeline)

@@ -1,11 +1,4 @@
-"""`middle-out`: drop whole units from the middle of the conversation, keeping head and tail.
-
-Units are removed from the centre outwards (OpenRouter's transform, made pair-safe). The
-planner decides which unit may go (in a strict chat an assistant message only together with
-the user message after it, so roles keep alternating); this module keeps the units that are
-still candidates linked in order, with a pointer to their middle that moves only as far as
-the list changes, so a whole replay costs O(n) here however many events it has.
-"""
+"""`middle-out`: drop whole units from the middle of the conversation, keeping head and tail."""
 
 from __future__ import annotations
 
@@ -15,7 +8,14 @@ NONE = -1
 
 
 class MiddleOut:
-    """The units middle-out may still drop (after the cut, not dropped), in order."""
+    """The units middle-out may still drop (after the cut, not dropped), in order.
+
+    Units are removed from the centre outwards (OpenRouter's transform, made pair-safe). The planner
+    decides which unit may go (in a strict chat an assistant message only together with the user
+    message after it, so roles keep alternating); this class keeps the units that are still
+    candidates linked in order, with a pointer to their middle that moves only as far as the list
+    changes, so a whole replay costs O(n) here however many events it has.
+    """
 
     __slots__ = ("_before", "_centre", "_count", "_last", "_next", "_prev")
 

@@ -1,12 +1,7 @@
 """Pins: text a client marks as one that must survive compaction (`X-Compaction-Pin`,
-`compaction.pin`; DESIGN.md §14). What a pin matches in the messages a plan cuts is kept
-verbatim beside the summary or marker that stands for them, bounded, in a deterministic order
-(by position, then by pin), so the stand-in stays cache-stable.
-
-Syntax: a comma list (a comma inside brackets or braces is part of its pin; a body array: one
-pin per item); an item `re:PATTERN` is a regular
-expression of a shape whose work per position is bounded (see `WORK_PER_POSITION`), anything
-else a literal string. At most `MAX_PINS` pins of `MAX_PIN_CHARS` each.
+`compaction.pin`; DESIGN.md §14). What a pin matches in the messages a plan cuts is kept verbatim
+beside the summary or marker that stands for them, bounded, in a deterministic order (by position,
+then by pin), so the stand-in stays cache-stable.
 """
 
 from __future__ import annotations
@@ -109,7 +104,13 @@ def parse_pin(item: str) -> Pin:
 
 def parse_pins(value: Any) -> tuple[Pin, ...]:
     """Pins from a header value (comma list) or a body value (a string, or an array of
-    strings: one pin each). `BadPin` on anything else."""
+    strings: one pin each). `BadPin` on anything else.
+
+    Syntax: a comma list (a comma inside brackets or braces is part of its pin; a body array: one
+    pin per item); an item `re:PATTERN` is a regular expression of a shape whose work per position
+    is bounded (see `WORK_PER_POSITION`), anything else a literal string. At most `MAX_PINS` pins of
+    `MAX_PIN_CHARS` each.
+    """
     if isinstance(value, str):
         items = [v for v in _split(value) if v.strip()]
     elif isinstance(value, list) and all(isinstance(v, str) for v in value):

@@ -1,25 +1,5 @@
 """The plan: a pure function of the message sequence, found by replaying the history in order.
 
-For every prefix of the conversation (one more unit each step) the replay keeps the state a
-request of that length would have been compacted with: the cut (units after the head that are
-gone), middle-out drops, truncated units and the prune boundary. The state only changes at a
-compaction event — when that prefix crosses threshold × budget — and then it changes enough
-to come down to target × budget. So an append-only conversation produces forwarded prompts
-that extend each other between events (upstream prompt caches stay hot), events are spaced by
-at least (threshold − target) × budget tokens of growth, and any replica, after any restart,
-computes the same plan for the same history (DESIGN.md §4.7).
-
-Every decision at a prefix looks only at that prefix — whether the chat follows strict role
-order too (§4.6), so a later message never changes how the history was compacted. System and
-developer messages after the head are instructions: kept where they stand, never cut, dropped
-or summarised (§3). Each unit changes state a bounded number of times, each change is O(1),
-and what an event looks up costs at most O(√n) (running sums, a pointer to the middle), so a
-replay of n units is near-linear however many events it has.
-
-The state after a prefix depends on that prefix alone, so with a replay cache
-(app/compaction/replays.py) the next request of a conversation resumes where the last one's
-replay stood before its last unit and replays only what it adds: the same plan, exactly.
-
 The parts: the replay's state and its events (replay_state.py), what each unit costs under each
 transform (unit_costs.py), the plan and the messages it renders (rendering.py).
 """
@@ -72,7 +52,25 @@ def plan(
     whose outputs only the last unit may prune or truncate; `marked`: a marker of
     `summary_tokens` stands for what is cut (restore on), placed like a summary. With
     `replays`, the replay resumes from the longest history prefix remembered for the same inputs
-    (the plan is exactly the one a replay from the first message gives), and is remembered."""
+    (the plan is exactly the one a replay from the first message gives), and is remembered.
+
+    For every prefix of the conversation (one more unit each step) the replay keeps the state a
+    request of that length would have been compacted with: the cut (units after the head that are
+    gone), middle-out drops, truncated units and the prune boundary. The state only changes at a
+    compaction event — when that prefix crosses threshold × budget — and then it changes enough to
+    come down to target × budget. So an append-only conversation produces forwarded prompts that
+    extend each other between events (upstream prompt caches stay hot), events are spaced by at
+    least (threshold − target) × budget tokens of growth, and any replica, after any restart,
+    computes the same plan for the same history (DESIGN.md §4.7).
+
+    Every decision at a prefix looks only at that prefix — whether the chat follows strict role
+    order too (§4.6), so a later message never changes how the history was compacted. System and
+    developer messages after the head are instructions: kept where they stand, never cut, dropped or
+    summarised (§3). Each unit changes state a bounded number of times, each change is O(1), and
+    what an event looks up costs at most O(√n) (running sums, a pointer to the middle), so a replay
+    of n units is near-linear however many events it has. The state after a prefix depends on that
+    prefix alone, which is what lets the replay cache (app/compaction/replays.py) resume it.
+    """
     inputs = tuple(sorted((k, v) for k, v in locals().items() if k not in UNKEYED))
     recall = Recall.of(replays, inputs, messages)
     saved: Replay | Quiet | None = recall.found.state if recall and recall.found else None

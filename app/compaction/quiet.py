@@ -1,19 +1,4 @@
-"""A conversation's replay while it stays under the trigger: a mark, not a copy of the state.
-
-Most requests of a conversation are far from its window: their replay adds units and nothing
-happens to any of them. Remembering such a replay whole costs copies of its state (the running
-sums, the costs of every unit, their memo) on every request, which grow with the conversation.
-A `Quiet` mark holds instead the last whole replay remembered that nothing had happened to
-(`start`, pristine), with what the units after it cost as they are and the prefix's total.
-
-A request that extends a mark and is still under the trigger as a whole is quiet too: every
-prefix of it costs no more than it does (costs are never negative, and nothing stands in
-for a cut), so its replay would cross the trigger nowhere and end as it started — the plan
-`quiet_plan` gives, exactly. Its mark extends the last one by the units it adds. A request
-that crosses the trigger resumes `start` with the marked units' costs known (`Quiet.resumed`)
-and replays on from there as from any remembered replay; so does one that would take a mark
-more than `MAX_UNITS` past its start, whose whole replay is remembered again.
-"""
+"""A conversation's replay while it stays under the trigger: a mark, not a copy of the state."""
 
 from __future__ import annotations
 
@@ -56,7 +41,22 @@ def quiet_plan(shape: UnitRoles, costs: UnitCosts, total: int) -> Plan:
 class Quiet:
     """The replay of a prefix nothing happened to: `start` (a pristine remembered replay), then
     the units after it (at least one), which cost `costs` as they are; `shape`: the prefix's
-    roles."""
+    roles.
+
+    Most requests of a conversation are far from its window: their replay adds units and nothing
+    happens to any of them. Remembering such a replay whole costs copies of its state (the running
+    sums, the costs of every unit, their memo) on every request, which grow with the conversation. A
+    mark holds instead the last whole replay remembered that nothing had happened to (`start`), with
+    what the units after it cost as they are and the prefix's total.
+
+    A request that extends a mark and is still under the trigger as a whole is quiet too: every
+    prefix of it costs no more than it does (costs are never negative, and nothing stands in for a
+    cut), so its replay would cross the trigger nowhere and end as it started — the plan
+    `quiet_plan` gives, exactly. Its mark extends the last one by the units it adds. A request that
+    crosses the trigger resumes `start` with the marked units' costs known (`resumed`) and replays
+    on from there as from any remembered replay; so does one that would take a mark more than
+    `MAX_UNITS` past its start, whose whole replay is remembered again.
+    """
 
     start: Replay
     shape: UnitRoles

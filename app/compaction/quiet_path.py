@@ -1,10 +1,6 @@
-"""The quiet path: a forwarded request under the trigger as a whole goes as received, decided
-from its token count alone, and the plan it would have made is made once its answer is on its
-way, for the replay cache its conversation's next requests resume.
-
-Its replay would cross the trigger nowhere (every unit costs >= 0, so no prefix costs more
-than the whole), so its plan is to keep everything: the argument of `planner._quiet`. What it
-forwards, reports and leaves in the cache is what planning gives (tests/asgi/test_quiet_path.py).
+"""The quiet path: a forwarded request under the trigger as a whole goes as received, decided from
+its token count alone, and the plan it would have made is made once its answer is on its way, for
+the replay cache its conversation's next requests resume.
 """
 
 from __future__ import annotations
@@ -22,7 +18,13 @@ from inflight.compaction.summary.request import RequestSummaries
 def quiet_outcome(job: Job, budget: Budget, summarizing: RequestSummaries | None) -> Outcome | None:
     """`job`'s request as received, when it is under the trigger as a whole; None when it is
     over, or when summaries would start ahead of its next event
-    (`RequestSummaries.keeps_still`)."""
+    (`RequestSummaries.keeps_still`).
+
+    Its replay would cross the trigger nowhere (every unit costs >= 0, so no prefix costs more than
+    the whole), so its plan is to keep everything: the argument of `planner._quiet`. What it
+    forwards, reports and leaves in the cache is what planning gives
+    (tests/asgi/test_quiet_path.py).
+    """
     tokens = job.count_fixed() + sum(job.counts())
     if tokens > budget.calm:
         return None

@@ -1,9 +1,5 @@
 """Refs: the stable names by which an elision marker points at what it stands for (§11).
 
-A ref is a pure function of the original message's position in the client's history and of its
-content, so the marker written for it is byte-identical on every request of a conversation (the
-prompt cache stays hot, DESIGN.md §4.7), on any replica, after any restart — and the restore
-tool resolves it against the originals of the request being served, with nothing stored.
 Format (DESIGN.md §11): markers end with exactly `(ref: ID)`, ID of 6–32 characters from
 `[A-Za-z0-9_-]`; here 12 lowercase hex digits.
 """
@@ -31,7 +27,13 @@ def content_bytes(content: Any) -> bytes:
 def ref_for(position: int, content: Any, part: str = "") -> str:
     """The ref of the content at `position` (the message's index in the client's history);
     `part` names a piece of that message when one message holds several cut texts (a call's
-    arguments, a content part), else empty."""
+    arguments, a content part), else empty.
+
+    A pure function of the position and the content, so the marker written for it is byte-identical
+    on every request of a conversation (the prompt cache stays hot, DESIGN.md §4.7), on any replica,
+    after any restart — and the restore tool resolves it against the originals of the request being
+    served, with nothing stored.
+    """
     h = hashlib.sha256(f"{position}\0{part}\0".encode())
     h.update(content_bytes(content))
     return h.hexdigest()[:REF_LENGTH]

@@ -1,20 +1,4 @@
-"""Replays remembered by history prefix, so that request n+1 replays only the units it adds.
-
-The plan is a pure function of the message sequence, found by replaying the history unit by
-unit (DESIGN.md §4.7), and the replay's state after a prefix depends on that prefix and on the
-plan's other inputs alone. So the state at the end of one request's replay is the state at that
-prefix for any later request that starts with the same messages and has the same inputs: that
-request resumes it, replays only its new units, and gets exactly the plan of a replay from the
-first message (tests/unit/compaction/test_replay_cache.py checks it on random growing conversations).
-
-An entry is keyed by every input of `plan()` but the messages and the count function, plus
-what the count function depends on besides the message (`Replays.counting`: the counter's
-model, encoding and calibration state, read before and after planning — a replay that saw it
-change is not kept). It is matched on the messages' JSON: a request's JSON starts with an
-entry's byte for byte exactly when its leading messages are the entry's (each is an object,
-which ends at its own closing brace). Bounded in entries and bytes, the least recently used
-first out; thread-safe (large plans run in worker threads).
-"""
+"""Replays remembered by history prefix, so that request n+1 replays only the units it adds."""
 
 from __future__ import annotations
 
@@ -55,7 +39,22 @@ class Saved(Generic[S]):
 
 
 class ReplayCache(Generic[S]):
-    """The last replay of a few conversations, each under its plan inputs."""
+    """The last replay of a few conversations, each under its plan inputs.
+
+    The replay's state after a prefix depends on that prefix and on the plan's other inputs alone
+    (DESIGN.md §4.7). So the state at the end of one request's replay is the state at that prefix
+    for any later request that starts with the same messages and has the same inputs: that request
+    resumes it, replays only its new units, and gets exactly the plan of a replay from the first
+    message (tests/unit/compaction/test_replay_cache.py checks it on random growing conversations).
+
+    An entry is keyed by every input of `plan()` but the messages and the count function, plus what
+    the count function depends on besides the message (`Replays.counting`: the counter's model,
+    encoding and calibration state, read before and after planning — a replay that saw it change is
+    not kept). It is matched on the messages' JSON: a request's JSON starts with an entry's byte for
+    byte exactly when its leading messages are the entry's (each is an object, which ends at its own
+    closing brace). Bounded in entries and bytes, the least recently used first out; thread-safe
+    (large plans run in worker threads).
+    """
 
     def __init__(
         self,

@@ -1,10 +1,5 @@
-"""What `inflight_restore` can hand back: every ref a plan's markers (and the ledger) carry,
-mapped to the original.
-
-Restore stores nothing (DESIGN.md §11): the client resends its whole history, so the refs of a
-request's markers resolve against the messages of that very request. This module replays the
-plan's transforms to name every cut thing the way its marker does (app/compaction/refs.py) —
-a truncated text, a pruned output, the span cut or dropped — and returns the original as text.
+"""What `inflight_restore` can hand back: every ref a plan's markers (and the ledger) carry, mapped
+to the original.
 """
 
 from __future__ import annotations
@@ -94,7 +89,13 @@ def _unit_refs(
 def restorable(messages: Sequence[Mapping[str, Any]], the_plan: Plan) -> dict[str, str]:
     """Every ref the plan's markers carry (and the span marker, restoring; and the ledger's
     per-message refs), mapped to the original text it stands for. `messages` are those the
-    plan was made for."""
+    plan was made for.
+
+    Restore stores nothing (DESIGN.md §11): the client resends its whole history, so the refs of a
+    request's markers resolve against the messages of that very request. The plan's transforms are
+    replayed to name every cut thing the way its marker does (app/compaction/refs.py) — a truncated
+    text, a pruned output, the span cut or dropped — and the original is returned as text.
+    """
     out: dict[str, str] = {}
     for i in kept_units(the_plan):
         if i in the_plan.truncated or i < the_plan.pruned_before:

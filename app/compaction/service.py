@@ -1,11 +1,7 @@
 """The compaction service: controls, window, token count, plan, and the forwarded body.
 
-It glues the pure core (policy, counting, the planner) to a request of any wire format: the
-`WireFormat` adapter gives the planner its view (`conversation`), the service resolves the window
-(header > setting > learned/discovered > table > fallback), counts, compacts, and the adapter
-renders the result back (`render`). It returns a `Compacted` value — the body and bytes to
-forward, the `X-Compaction-*` report headers, the numbers for the usage record — that the API
-service applies; it never touches the exchange itself. No web or HTTP client imports here.
+It glues the pure core (policy, counting, the planner) to a request of any wire format; no web or
+HTTP client imports here.
 """
 
 from __future__ import annotations
@@ -60,7 +56,14 @@ logger = logging.getLogger(__name__)
 
 class CompactionService:
     """Compacts requests of any wire format for the API services, and serves the preview
-    endpoints: `prepare` before a request is sent, `recover` after an overflow error."""
+    endpoints: `prepare` before a request is sent, `recover` after an overflow error.
+
+    The `WireFormat` adapter gives the planner its view (`conversation`), the service resolves the
+    window (header > setting > learned/discovered > table > fallback), counts, compacts, and the
+    adapter renders the result back (`render`). It returns a `Compacted` value — the body and bytes
+    to forward, the `X-Compaction-*` report headers, the numbers for the usage record — that the API
+    service applies; it never touches the exchange itself.
+    """
 
     def __init__(
         self,

@@ -1,10 +1,4 @@
-"""Running sums over a conversation's units, in blocks.
-
-The planner replays a history one unit at a time; when pruning it needs, at each compaction
-event, totals over ranges of units and the unit where a running total reaches a value. Values
-change a bounded number of times per unit and in O(1) each; a query costs O(√n) (a sum over
-block totals and one block), and only events query. So replaying n units stays near-linear.
-"""
+"""Running sums over a conversation's units, in blocks."""
 
 from __future__ import annotations
 
@@ -15,7 +9,13 @@ SHIFT = 7  # blocks of 128 units
 
 
 class RunningSums:
-    """Non-negative integer values at positions 0..size-1, all 0 at first."""
+    """Non-negative integer values at positions 0..size-1, all 0 at first.
+
+    The planner replays a history one unit at a time; when pruning it needs, at each compaction
+    event, totals over ranges of units and the unit where a running total reaches a value. Values
+    change a bounded number of times per unit and in O(1) each; a query costs O(√n) (a sum over
+    block totals and one block), and only events query. So replaying n units stays near-linear.
+    """
 
     __slots__ = ("_blocks", "_values")
 

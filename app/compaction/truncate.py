@@ -1,21 +1,4 @@
-"""`truncate`: long texts shrunk in place to head and tail, with a byte-stable marker.
-
-One cap covers a unit as a whole: all its tool outputs (parallel outputs, many text parts)
-share it, the short ones kept whole and the long ones cut to equal shares of the rest. A unit
-that no cut can remove (the last unit; in a strict chat also the assistant message right before
-the last user message) and that still does not fit is truncated *deeply*, as a last resort: its
-assistant text and the arguments of its calls that were already answered share the cap too.
-Arguments that are JSON are cut inside their string values, so they stay valid JSON.
-
-Idempotent: a text the proxy cut carries the marker exactly where a cut puts it (two thirds
-into the kept length, the text exactly as long as a cut makes it) and is never cut again; the
-same marker text anywhere else is ordinary content, cut like any other.
-
-Each marker ends with the ref of the text it cut (DESIGN.md §11; app/compaction/refs.py): the
-message's position in the client's history and, when the message holds several texts a cut can
-reach, which one (`text_part`), so `inflight_restore` can hand the original back.
-Tool outputs of protected tools (§11) are never cut, except in the last unit (`protect`).
-"""
+"""`truncate`: long texts shrunk in place to head and tail, with a byte-stable marker."""
 
 from __future__ import annotations
 
@@ -278,7 +261,22 @@ def truncate_unit(
     """The unit's messages with their tool outputs (and, `deep`, assistant text and answered
     call arguments) cut to share `cap` chars; `start` is the position of the unit's first
     message in the history (for the markers' refs), and outputs of `protect`ed tools are left
-    whole. Unchanged messages are the same objects."""
+    whole. Unchanged messages are the same objects.
+
+    One cap covers a unit as a whole: all its tool outputs (parallel outputs, many text parts) share
+    it, the short ones kept whole and the long ones cut to equal shares of the rest. A unit that no
+    cut can remove (the last unit; in a strict chat also the assistant message right before the last
+    user message) and that still does not fit is truncated *deeply*, as a last resort: its assistant
+    text and the arguments of its calls that were already answered share the cap too. Arguments that
+    are JSON are cut inside their string values, so they stay valid JSON.
+
+    Idempotent: a text the proxy cut carries the marker exactly where a cut puts it (`kept_length`)
+    and is never cut again; the same marker text anywhere else is ordinary content, cut like any
+    other. Each marker ends with the ref of the text it cut (DESIGN.md §11; app/compaction/refs.py):
+    the message's position in the client's history and, when the message holds several texts a cut
+    can reach, which one (`text_part`), so `inflight_restore` can hand the original back. Tool
+    outputs of protected tools (§11) are never cut, except in the last unit.
+    """
     found = unit_texts(unit, deep=deep, start=start, protect=protect)
     texts = [t for _, _, t in found]
     allowed = shares(texts, cap)

@@ -1,13 +1,6 @@
 """Messages grouped into pair-safe units, the pinned head, and the checks strict servers make.
 
-A unit is one plain message, or an assistant message with `tool_calls` together with the tool
-messages right after it that answer it (by position: real transcripts reuse ids, so a global id
-lookup would pair a result with the wrong call), or a legacy `function_call` with its
-`role: "function"` answer. Compaction only ever keeps or drops whole units.
-
-Strict role order (DESIGN.md §4.6, the Mistral v0.3 / Mixtral templates): one optional leading
-system message; then, ignoring tool results and assistant messages that carry calls, user and
-assistant take turns, starting with user.
+Compaction only ever keeps or drops whole units; the strict role order is DESIGN.md §4.6.
 """
 
 from __future__ import annotations
@@ -24,7 +17,13 @@ TURNS = ("user", "assistant")
 
 @dataclass(frozen=True, slots=True)
 class Unit:
-    """Messages `[start, end)` of the list, kept or dropped together."""
+    """Messages `[start, end)` of the list, kept or dropped together.
+
+    One plain message, or an assistant message with `tool_calls` together with the tool messages
+    right after it that answer it (by position: real transcripts reuse ids, so a global id lookup
+    would pair a result with the wrong call), or a legacy `function_call` with its `role:
+    "function"` answer.
+    """
 
     start: int
     end: int

@@ -1,12 +1,4 @@
-"""Wire formats: one adapter per protocol maps a request body to the planner's view and back.
-
-The planner works on chat-shaped messages (`role`, `content`, `tool_calls`, `tool_call_id`).
-An adapter turns a request of its protocol into such a *view* — one view message per item or
-block group, in order, so that a tool call and its results form one unit (DESIGN.md §3, §8) —
-and renders a compacted view back into its protocol: every view message the plan kept
-untouched becomes its original item again, byte-identical; a changed one (truncated, pruned,
-the summary) is rewritten in the protocol's own shape. The engine never sees wire details.
-"""
+"""Wire formats: one adapter per protocol maps a request body to the planner's view and back."""
 
 from __future__ import annotations
 
@@ -37,7 +29,15 @@ class Conversation:
 
 
 class WireFormat(Protocol):
-    """One protocol's adapter (chat completions, Responses, Messages)."""
+    """One protocol's adapter (chat completions, Responses, Messages).
+
+    The planner works on chat-shaped messages (`role`, `content`, `tool_calls`, `tool_call_id`). An
+    adapter turns a request of its protocol into such a *view* — one view message per item or block
+    group, in order, so that a tool call and its results form one unit (DESIGN.md §3, §8) — and
+    renders a compacted view back into its protocol: every view message the plan kept untouched
+    becomes its original item again, byte-identical; a changed one (truncated, pruned, the summary)
+    is rewritten in the protocol's own shape. The engine never sees wire details.
+    """
 
     api: ApiName
     history: str  # the request field that holds the history (`messages`, `input`)

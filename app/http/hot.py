@@ -1,16 +1,4 @@
-"""The compacting APIs' routes, dispatched ahead of FastAPI's router.
-
-Every request to `POST /v1/chat/completions`, `/v1/responses` or `/v1/messages` went through
-FastAPI's middleware stack and router (its exception middleware, an exit stack, the included
-routers matched in turn) before the route ran: about 40 µs a request, a sixth of what the proxy
-adds to a request on loopback (bench: `python -m bench --only hot`). `InflightApp` serves
-those three exact paths itself, with what the stack gave them: the route's Starlette
-`Request`, the app's error handlers (a `ProxyError` in the API's envelope; anything else a 500
-in OpenAI's, logged, then raised to the server as Starlette's `ServerErrorMiddleware` does),
-and nothing else (the routes use no dependencies). Every other request, and these paths under
-another method or a `root_path`, go to FastAPI as before; the routes stay registered with it,
-so the OpenAPI schema and `app.routes` are unchanged.
-"""
+"""The compacting APIs' routes, dispatched ahead of FastAPI's router."""
 
 from __future__ import annotations
 
@@ -29,7 +17,19 @@ Endpoint = Callable[[Request], Awaitable[Response]]
 
 
 class InflightApp(FastAPI):
-    """FastAPI, with `hot` routes (exact path, POST) served before its middleware stack."""
+    """FastAPI, with `hot` routes (exact path, POST) served before its middleware stack.
+
+    Every request to `POST /v1/chat/completions`, `/v1/responses` or `/v1/messages` would go through
+    FastAPI's middleware stack and router (its exception middleware, an exit stack, the included
+    routers matched in turn) before the route ran, a large share of what the proxy adds to a request
+    on loopback (`python -m bench --only hot`). This app serves those three exact paths itself, with
+    what the stack gave them: the route's Starlette `Request`, the app's error handlers (a
+    `ProxyError` in the API's envelope; anything else a 500 in OpenAI's, logged, then raised to the
+    server as Starlette's `ServerErrorMiddleware` does), and nothing else (the routes use no
+    dependencies). Every other request, and these paths under another method or a `root_path`, go to
+    FastAPI as before; the routes stay registered with it, so the OpenAPI schema and `app.routes`
+    are unchanged.
+    """
 
     hot: Mapping[str, Endpoint] = MappingProxyType({})  # the factory names them
 

@@ -1,14 +1,8 @@
 """uvicorn's httptools protocol with a header read deadline, for `inflight serve`.
 
 h11 and httptools have no header timeout, and uvicorn's `timeout_keep_alive` only runs between
-requests: a connection that opens and sends nothing, or half a request line, stays open for
-ever (slowloris). Here a connection must finish a request's headers within `header_timeout`
-seconds of opening, or of the request's first byte, else it is closed; a client that reads
-nothing of a response for `stall_timeout` seconds is dropped (uvicorn's `close` would wait for
-it to read what is buffered: the connection would stay open). A response sent before
-its request's body was read in full (a 408 body timeout, a 413) closes the connection: what
-the client is still sending would otherwise be read as the next request, or keep it open.
-Each connection's send buffers are capped, so an unread response holds a bounded number of bytes.
+requests: a connection that opens and sends nothing, or half a request line, stays open for ever
+(slowloris).
 """
 
 from __future__ import annotations
@@ -29,7 +23,16 @@ WRITE_BUFFER_HIGH = 64 * 1024  # the transport's buffer past which sending waits
 
 class DeadlineProtocol(HttpToolsProtocol):
     """`HttpToolsProtocol` with the header deadline and the stall bound; both set by
-    `with_deadlines`."""
+    `with_deadlines`.
+
+    A connection must finish a request's headers within `header_timeout` seconds of opening, or of
+    the request's first byte, else it is closed; a client that reads nothing of a response for
+    `stall_timeout` seconds is dropped (uvicorn's `close` would wait for it to read what is
+    buffered: the connection would stay open). A response sent before its request's body was read in
+    full (a 408 body timeout, a 413) closes the connection: what the client is still sending would
+    otherwise be read as the next request, or keep it open. Each connection's send buffers are
+    capped, so an unread response holds a bounded number of bytes.
+    """
 
     header_timeout: float = 10.0
     stall_timeout: float = 60.0

@@ -1,20 +1,4 @@
-"""Dollars for one request: what it cost, and what it would have cost uncompacted (pure).
-
-`Billed` is a request's tokens in billing categories. `prompt` counts every prompt token, cache
-reads and cache writes included (OpenAI's `prompt_tokens`; for Anthropic, `input_tokens` +
-`cache_read_input_tokens` + `cache_creation_input_tokens`), so each prompt token falls in exactly
-one category: read from the cache, written to it, or plain input.
-
-The baseline (`baseline_billed`) is one round of the same request without compaction. When
-compaction removed nothing it is the request as billed. Otherwise its prompt is the one the
-upstream billed plus the tokens compaction removed, its answer is the same, and its cache reads
-are the previous uncompacted prompt of the conversation (`reusable`, remembered by
-`PromptHistory`); without one (a restart, a first sight), what the actual request read plus the
-removed tokens when it read anything (the conversation's cache was warm, and the removed part is
-older history than what follows the cut: cached wherever what precedes it was), else nothing.
-The rest of its prompt is plain input, or with explicit caching written in the proportion the
-actual request wrote its uncached part. Restore's extra rounds are never in it.
-"""
+"""Dollars for one request: what it cost, and what it would have cost uncompacted (pure)."""
 
 from __future__ import annotations
 
@@ -27,7 +11,13 @@ PER_MILLION = 1_000_000
 
 @dataclass(frozen=True, slots=True)
 class Billed:
-    """Tokens of one request by billing category (see the module docstring for `prompt`)."""
+    """Tokens of one request by billing category.
+
+    `prompt` counts every prompt token, cache reads and cache writes included (OpenAI's
+    `prompt_tokens`; for Anthropic, `input_tokens` + `cache_read_input_tokens` +
+    `cache_creation_input_tokens`), so each prompt token falls in exactly one category: read from
+    the cache, written to it, or plain input.
+    """
 
     prompt: int = 0
     cached: int = 0
@@ -72,7 +62,17 @@ def baseline_billed(
 ) -> Billed:
     """One uncompacted round of the request `actual` (one round's tokens) from which
     compaction removed `removed` prompt tokens; `reusable`: the tokens of the conversation's
-    previous uncompacted prompt when it prefixes this one (else 0). See the module docstring."""
+    previous uncompacted prompt when it prefixes this one (else 0).
+
+    When compaction removed nothing it is the request as billed. Otherwise its prompt is the one the
+    upstream billed plus the tokens compaction removed, its answer is the same, and its cache reads
+    are the previous uncompacted prompt of the conversation (`reusable`, remembered by
+    `PromptHistory`); without one (a restart, a first sight), what the actual request read plus the
+    removed tokens when it read anything (the conversation's cache was warm, and the removed part is
+    older history than what follows the cut: cached wherever what precedes it was), else nothing.
+    The rest of its prompt is plain input, or with explicit caching written in the proportion the
+    actual request wrote its uncached part. Restore's extra rounds are never in it.
+    """
     removed = max(removed, 0)
     if removed == 0:
         return actual

@@ -1,9 +1,6 @@
 """The previous uncompacted prompt of each conversation, for the baseline's cached share only.
 
-A conversation is known by a hash of its model and pinned head (system/developer items, the
-first user item, and any top-level `system` or `instructions`). The map is bounded (least
-recently used entries go first) and lives in memory: after a restart, or once evicted, a
-conversation's next request counts as uncached in the baseline. It is never used for planning.
+It is never used for planning.
 """
 
 from __future__ import annotations
@@ -68,9 +65,13 @@ class PromptHistory:
     """Bounded map: conversation key → its previous uncompacted prompt.
 
     The previous prompt prefixes this one when its serialized history (without the closing
-    bracket) is a byte prefix of this one's: one serialization and one CRC-32 pass per request
-    (about 0.4 ms for a 360 KiB history), and any edit anywhere in the earlier history is seen
+    bracket) is a byte prefix of this one's: one serialization and one CRC-32 pass per request,
+    and any edit anywhere in the earlier history is seen
     (but for a 1 in 2^32 checksum collision, which would only misprice one baseline).
+
+    A conversation is known by a hash of its model and pinned head (`conversation_key`). The map is
+    bounded (least recently used entries go first) and lives in memory: after a restart, or once
+    evicted, a conversation's next request counts as uncached in the baseline.
     """
 
     def __init__(self, capacity: int) -> None:

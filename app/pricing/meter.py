@@ -1,13 +1,4 @@
-"""`CostMeter`: prices each usage record as it is made, actual and uncompacted baseline.
-
-One per app (built in `create_app`); it owns the bounded `PromptHistory` the baseline needs.
-Summary calls cost what they cost and have no baseline (the uncompacted request makes none);
-restore's extra rounds are in the actual cost only (the baseline prices one round).
-A record without upstream usage costs nothing, except a stream the client abandoned: the
-upstream read its prompt, so that is priced from the proxy's own count of what was sent.
-It also keeps the realised net of each conversation's last compaction event (`RealisedNets`):
-a priced chat record carries the update of that event's ledger row as its `realised`.
-"""
+"""`CostMeter`: prices each usage record as it is made, actual and uncompacted baseline."""
 
 from __future__ import annotations
 
@@ -62,8 +53,16 @@ def one_round_of(record: UsageRecord, billed: Billed) -> Billed:
 
 
 class CostMeter:
-    """Prices records against a `PriceTable`, remembering prompts for the baseline and each
-    conversation's last compaction event for its realised net."""
+    """Prices records against a `PriceTable`, remembering prompts for the baseline.
+
+    One per app (built in `create_app`); it owns the bounded `PromptHistory` the baseline needs.
+    Summary calls cost what they cost and have no baseline (the uncompacted request makes none);
+    restore's extra rounds are in the actual cost only (the baseline prices one round). A record
+    without upstream usage costs nothing, except a stream the client abandoned: the upstream read
+    its prompt, so that is priced from the proxy's own count of what was sent. It also keeps
+    the realised net of each conversation's last compaction event (`RealisedNets`): a priced
+    chat record carries the update of that event's ledger row as its `realised`.
+    """
 
     def __init__(self, table: PriceTable) -> None:
         self.table = table

@@ -1,10 +1,4 @@
-"""The price table: `config/prices.toml` parsed once at startup into frozen typed objects.
-
-Each `[[price]]` lists the models it covers (globs on the lower-cased name, also tried with any
-`provider/` prefix removed) and USD per 1M tokens: `input`, `cached_input` (a prompt-cache hit),
-`cache_write` (Anthropic's cache writes) and `output`. The first entry that matches wins; a
-model no entry matches is unpriced (its requests cost nothing and are counted as unpriced).
-"""
+"""The price table: `config/prices.toml` parsed once at startup into frozen typed objects."""
 
 from __future__ import annotations
 
@@ -84,7 +78,13 @@ class BaselineRules(BaseModel):
 
 
 class PriceTable(BaseModel):
-    """`config/prices.toml`; `lookup` answers the first entry whose glob matches."""
+    """`config/prices.toml`; `lookup` answers the first entry whose glob matches.
+
+    Each `[[price]]` lists the models it covers (globs on the lower-cased name, also tried with any
+    `provider/` prefix removed) and USD per 1M tokens: `input`, `cached_input` (a prompt-cache hit),
+    `cache_write` (Anthropic's cache writes) and `output`. The first entry that matches wins; a
+    model no entry matches is unpriced (its requests cost nothing and are counted as unpriced).
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

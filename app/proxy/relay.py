@@ -1,21 +1,4 @@
-"""A streaming response that relays upstream bytes and always closes the upstream response.
-
-Starlette's `StreamingResponse` gives no guarantee that the upstream is closed when the client
-goes away while we wait on the upstream, so this class owns that boundary: it races the byte pump
-against `http.disconnect`, and every ending (completion, client disconnect, upstream error)
-runs the same `finally` that closes the upstream response and reports the outcome once.
-
-A client that reads nothing gets backpressure: the server's `send` waits while its write buffer
-is full, so at most one chunk is held here and the upstream is read no faster than the client
-reads. A client that accepts nothing for `stall_timeout` seconds is cut off (`client_disconnected`)
-and the upstream closed, so a reader that never reads holds neither memory nor an upstream.
-
-A stream whose final event (`data: [DONE]`, as the SSE tap sees it) reached the client is
-`completed` even when the client hangs up before the upstream closes: the openai SDK and
-langchain close the connection right after `[DONE]`, and some upstreams linger before closing.
-With `before_final` (replicas publishing what the answer taught), the last event of the chunk
-holding the final event waits for it; the bytes before it go first.
-"""
+"""A streaming response that relays upstream bytes and always closes the upstream response."""
 
 from __future__ import annotations
 
@@ -98,7 +81,25 @@ class RelayResponse(Response):
     """ASGI response: status and headers now, then the upstream body chunk by chunk.
 
     A `Response` (FastAPI returns those as they are) whose `__call__` relays instead of sending
-    a body; its headers are a list, so repeated names (`Set-Cookie`) survive."""
+    a body; its headers are a list, so repeated names (`Set-Cookie`) survive.
+
+    Starlette's `StreamingResponse` gives no guarantee that the upstream is closed when the client
+    goes away while we wait on the upstream, so this class owns that boundary: it races the byte
+    pump against `http.disconnect`, and every ending (completion, client disconnect, upstream error)
+    runs the same `finally` that closes the upstream response and reports the outcome once.
+
+    A client that reads nothing gets backpressure: the server's `send` waits while its write buffer
+    is full, so at most one chunk is held here and the upstream is read no faster than the client
+    reads. A client that accepts nothing for `stall_timeout` seconds is cut off
+    (`client_disconnected`) and the upstream closed, so a reader that never reads holds neither
+    memory nor an upstream.
+
+    A stream whose final event (`data: [DONE]`, as the SSE tap sees it) reached the client is
+    `completed` even when the client hangs up before the upstream closes: the openai SDK and
+    langchain close the connection right after `[DONE]`, and some upstreams linger before closing.
+    With `before_final` (replicas publishing what the answer taught), the last event of the chunk
+    holding the final event waits for it; the bytes before it go first.
+    """
 
     def __init__(
         self,

@@ -1,23 +1,7 @@
 """Restore (DESIGN.md §11): the `inflight_restore` tool the proxy offers and answers itself.
 
-When restore is on and the forwarded request carries at least one elision marker the proxy can
-resolve, it offers the model a function tool `inflight_restore(ref)`. An answer that calls it
-is not returned: the proxy appends that assistant turn (its restore calls only — the client's
-own calls in the same turn are dropped, the model re-issues them once it has read) and one tool
-answer per call, resolved against the originals of the request being served (the client
-resends its whole history, so nothing is stored), cut to fit what is left of the budget, and
-asks again. At most `MAX_ROUNDS` upstream requests: the last one does not offer the tool, so
-the model must answer. The client never sees the tool, the calls or the extra messages: a
-call the proxy does not answer (the last round's, or one after text a stream already relayed)
-is dropped from what the client gets, and an answer that was nothing else says `NO_ANSWER`.
-The usage it gets (and the one usage record) is the sum of every round; when a later round
-fails, the client gets that failure and the record still has the rounds before it. What a
-client must send back first (Messages: the signed thinking before a restore call) leads its
-answer. A client that hangs up during the rounds stops them at once (`unless_hung_up`).
-
-This module is the loop, on any API through its `Dialect` (where the APIs differ:
-`restore_chat.py`, `restore_responses.py`, `restore_messages.py`); `restore_stream.py` holds
-back a stream until its kind is known.
+This module is the loop, on any API through its `Dialect` (where the APIs differ: each API's
+`restore.py` under app/apis/); `restore_stream.py` holds back a stream until its kind is known.
 """
 
 from __future__ import annotations
@@ -172,7 +156,23 @@ def names_tool(tools: Any, name_of: Callable[[dict[str, Any]], Any]) -> bool:
 
 @dataclass(slots=True)
 class RestoreLoop:
-    """One client request's restore rounds: what to send next, and what the model read."""
+    """One client request's restore rounds: what to send next, and what the model read.
+
+    When restore is on and the forwarded request carries at least one elision marker the proxy can
+    resolve, it offers the model a function tool `inflight_restore(ref)`. An answer that calls it is
+    not returned: the proxy appends that assistant turn (its restore calls only — the client's own
+    calls in the same turn are dropped, the model re-issues them once it has read) and one tool
+    answer per call, resolved against the originals of the request being served (the client resends
+    its whole history, so nothing is stored), cut to fit what is left of the budget, and asks again.
+    At most `MAX_ROUNDS` upstream requests: the last one does not offer the tool, so the model must
+    answer. The client never sees the tool, the calls or the extra messages: a call the proxy does
+    not answer (the last round's, or one after text a stream already relayed) is dropped from what
+    the client gets, and an answer that was nothing else says `NO_ANSWER`. The usage it gets (and
+    the one usage record) is the sum of every round; when a later round fails, the client gets that
+    failure and the record still has the rounds before it. What a client must send back first
+    (Messages: the signed thinking before a restore call) leads its answer. A client that hangs up
+    during the rounds stops them at once (`unless_hung_up`).
+    """
 
     dialect: Dialect
     body: dict[str, Any]  # the compacted body as first forwarded (without the tool)

@@ -1,15 +1,4 @@
-"""Restore on a stream: hold back only the first chunks, until the answer's kind is known.
-
-A stream's first events say what the answer is (the `Dialect` reads them). Text (a first
-non-empty text delta, or an end without tool calls) is relayed from there on as it comes: the
-chunks held so far go first, then the rest of the same upstream body. Tool calls are short:
-that answer is read to its end and assembled; when it calls `inflight_restore` (and a round is
-left) the proxy answers and streams the next round instead, else the held answer is relayed
-exactly as received. The client sees one well-formed stream — the final round's —
-with time to first byte delayed only for tool-call answers. A restore call in the relayed
-stream (after its text, or on the last round) is not answered: the tap drops it
-(`Dialect.stray`).
-"""
+"""Restore on a stream: hold back only the first chunks, until the answer's kind is known."""
 
 from __future__ import annotations
 
@@ -97,7 +86,17 @@ async def _look(
 
 async def follow_stream(loop: RestoreLoop, upstream: httpx.Response, send: Send) -> Held:
     """Run the loop on a stream whose first round (`upstream`, a success) has just started.
-    Returns the round to relay; a later round's error response is returned unread."""
+    Returns the round to relay; a later round's error response is returned unread.
+
+    A stream's first events say what the answer is (the `Dialect` reads them). Text (a first
+    non-empty text delta, or an end without tool calls) is relayed from there on as it comes: the
+    chunks held so far go first, then the rest of the same upstream body. Tool calls are short: that
+    answer is read to its end and assembled; when it calls `inflight_restore` (and a round is left)
+    the proxy answers and streams the next round instead, else the held answer is relayed exactly as
+    received. The client sees one well-formed stream — the final round's — with time to first byte
+    delayed only for tool-call answers. A restore call in the relayed stream (after its text, or on
+    the last round) is not answered: the tap drops it (`Dialect.stray`).
+    """
     while True:
         kind, head, chunks = await _look(upstream, loop.dialect)
         if kind == "text" or not loop.offering:

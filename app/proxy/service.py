@@ -1,11 +1,6 @@
 """The API service: read, compact, forward, relay, record — for any compacting API.
 
-One `ApiService` serves one route (`POST /v1/chat/completions`, `/v1/responses`,
-`/v1/messages`). What differs between the APIs is an `Api` value: its routes, the `WireFormat`
-adapter the compaction service plans through, how its body is checked, how usage and errors
-read, and whether a stream must be asked for usage. A new API adds an `Api` (a module beside
-`app/apis/chat/api.py`) and a route, not branches here. `Api` and `Exchange` are defined in
-app/proxy/api.py.
+`Api` and `Exchange` are defined in app/proxy/api.py.
 """
 
 from __future__ import annotations
@@ -70,7 +65,14 @@ def usage_from_json(
 
 
 class ApiService:
-    """Handles one compacting API's route end to end."""
+    """Handles one compacting API's route end to end.
+
+    One `ApiService` serves one route (`POST /v1/chat/completions`, `/v1/responses`,
+    `/v1/messages`). What differs between the APIs is an `Api` value: its routes, the `WireFormat`
+    adapter the compaction service plans through, how its body is checked, how usage and errors
+    read, and whether a stream must be asked for usage. A new API adds an `Api` (a module beside
+    `app/apis/chat/api.py`) and a route, not branches here.
+    """
 
     def __init__(
         self,

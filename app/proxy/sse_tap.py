@@ -1,18 +1,4 @@
-"""Incremental SSE reader for relayed streams: reads usage, the final event and errors.
-
-It sees the upstream's bytes chunk by chunk and holds at most one partial line. Only lines that
-can carry usage or an error are parsed (chat's usage chunk; the response object of a Responses
-`response.completed` or `response.failed`, or its `error` event; Anthropic's `message_start`
-and `message_delta`, whose usage adds up, and its `error` event); everything else passes
-through untouched. When the proxy itself asked the upstream for usage (the client did not), the
-usage-only chunk is cut out of what the client sees. Restore's earlier rounds (`carry`) are
-added to the usage the client sees: those lines are re-encoded. The final event is chat's
-`data: [DONE]`, or the data line of a Responses (`response.completed`, `response.failed`,
-`response.incomplete`) or Anthropic (`message_stop`) final event: once it has been read the
-answer is complete. `error` holds the error a stream reported (its record is then an upstream
-error, whatever usage came before). llama.cpp's `timings` (on its usage chunk, or the last one)
-give the answer's prefill speed, kept with the usage (`Usage.prefill`).
-"""
+"""Incremental SSE reader for relayed streams: reads usage, the final event and errors."""
 
 from __future__ import annotations
 
@@ -232,7 +218,21 @@ def _int_or_none(value: Any) -> int | None:
 
 @dataclass(slots=True)
 class SSETap:
-    """Feed it upstream chunks; it returns the bytes to send to the client."""
+    """Feed it upstream chunks; it returns the bytes to send to the client.
+
+    It sees the upstream's bytes chunk by chunk and holds at most one partial line. Only lines that
+    can carry usage or an error are parsed (chat's usage chunk; the response object of a Responses
+    `response.completed` or `response.failed`, or its `error` event; Anthropic's `message_start` and
+    `message_delta`, whose usage adds up, and its `error` event); everything else passes through
+    untouched. When the proxy itself asked the upstream for usage (the client did not), the
+    usage-only chunk is cut out of what the client sees. Restore's earlier rounds (`carry`) are
+    added to the usage the client sees: those lines are re-encoded. The final event is chat's `data:
+    [DONE]`, or the data line of a Responses (`response.completed`, `response.failed`,
+    `response.incomplete`) or Anthropic (`message_stop`) final event: once it has been read the
+    answer is complete. `error` holds the error a stream reported (its record is then an upstream
+    error, whatever usage came before). llama.cpp's `timings` (on its usage chunk, or the last one)
+    give the answer's prefill speed, kept with the usage (`Usage.prefill`).
+    """
 
     strip_usage_chunk: bool = False
     # restore's earlier rounds: added to the usage read, and the chat usage chunk the client

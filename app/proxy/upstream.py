@@ -38,9 +38,8 @@ UPSTREAM_KEEPALIVE_EXPIRY = 2.0
 # Connection pools per process, a request taking the least busy (the first while traffic is
 # sequential, so its connections are reused as with one). httpcore's pool scans its waiting
 # requests against its connections whenever a request starts or ends, a cost that grows with
-# the square of the requests in flight through it: 64 at a time through one pool made 740
-# requests/s against the fake upstream, through eight about twice that (the outbound client
-# table of `python -m bench --only hot`).
+# the square of the requests in flight through it, so several pools carry concurrent requests
+# faster than one (the outbound client table of `python -m bench --only hot`).
 POOL_SHARDS = 8
 MAX_CONNECTIONS = 1000  # in all, shared out between the pools
 MAX_KEEPALIVE = 200
@@ -216,7 +215,7 @@ class Upstream:
         )
         if transport is not None:
             self.pools: list[httpx.AsyncBaseTransport] = [transport]
-        else:  # one TLS context for all (each loads the CA bundle: 20 ms)
+        else:  # one TLS context for all (each loads the CA bundle)
             tls = httpx.create_ssl_context(trust_env=False)
             self.pools = [
                 httpx.AsyncHTTPTransport(verify=tls, limits=limits, trust_env=False)
@@ -338,8 +337,8 @@ class Upstream:
 
     async def _send(self, request: httpx.Request, pool: int = 0) -> httpx.Response:
         """`request` straight to a pool's transport, its body unread. `AsyncClient.send` does
-        no more for it (no auth, redirects, cookies or hooks here) but costs about 80 µs of
-        CPU a request on top (bench: `python -m bench --only hot`)."""
+        no more for it (no auth, redirects, cookies or hooks here) but costs CPU on every
+        request (`python -m bench --only hot`)."""
         response = await self.pools[pool].handle_async_request(request)
         response.request = request
         return response

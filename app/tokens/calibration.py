@@ -1,33 +1,7 @@
 """Per-model calibration of token estimates against the upstream's own counts.
 
-A chat template adds tokens the estimate cannot see: a fixed cost per request (a default system
-prompt, the reply priming, a tool preamble) and per message (role markers), on top of a content
-count that is off by a factor (the heuristic against a tokenizer it does not have). One
-multiplicative factor folds all three together, so after short requests (mostly framing) it
-overshoots on long ones. The correction here keeps them apart:
-
-    actual ≈ content × raw + per_request + per_message × (messages − 1)
-             (+ without_system when no system message) (+ with_tools when tools are defined)
-
-(the default system prompt templates such as Qwen's insert when a request has none of its own,
-and the preamble they put before tool definitions), fitted by weighted least squares over the
-model's most recent observations. Each observation is weighed by its size, so that long
-prompts, where the window is at stake, decide the factor on content and short ones the fixed
-costs (the error expected of a prompt is a few tokens plus a few per cent of its size), and by
-its recency (older ones fade). A weak prior pulls each parameter toward "no correction", so
-request shapes that do not separate them (every prompt the same length, or with the same number
-of messages) leave the unknown part near neutral instead of wild; every parameter is bounded.
-The correction in use moves only when the fit would count some prompt more than `DEADBAND`
-higher or `SLACK` lower (plans depend on counts, and a move re-places a conversation's earlier
-cuts: DESIGN.md §4.7); an overflow error that states the prompt's real size
-applies the fit at once and makes sure that prompt is counted at least that big (DESIGN.md §8),
-so the retry differs from what failed.
-
-One proxy serves many clients and every one is counted with the same correction, so no client
-may drag it (DESIGN.md §7 Isolation): each client's observations are fitted apart, and the
-correction in use is their consensus — per parameter, the evidence-weighted mean of the
-clients' deviations from "no correction", each clipped to `CLIENT_REACH` unless an overflow
-error backs that client's fit (`consensus`).
+A chat template adds tokens the estimate cannot see, a fixed cost per request and per message on top
+of a content count off by a factor: the correction (`Correction`) keeps them apart.
 """
 
 from __future__ import annotations
@@ -59,7 +33,7 @@ MAX_MODELS = 1024  # model names come from clients: bounded
 MAX_CLIENTS = 16  # clients whose observations are kept per model (least recently heard from go)
 MIN_ACTUAL = 16  # a smaller count is a placeholder or a prompt of pure framing: nothing to learn
 MAX_SOLVER_STEPS = 64  # the active-set solver needs a few; this bounds it whatever the input
-# A fit costs a few hundred microseconds on every answer. An observation the last fit already
+# A fit costs CPU on every answer. An observation the last fit already
 # explains (within half the deadband) cannot move the correction in use by itself, so it joins
 # the history without a refit — at most this many in a row, so that fading old observations
 # still count.
@@ -267,7 +241,16 @@ def box_minimum(
 
 
 def fit(observations: Sequence[Observation], bounds: Bounds) -> Correction:
-    """The bounded correction that best explains `observations` (NEUTRAL when there are none)."""
+    """The bounded correction that best explains `observations` (NEUTRAL when there are none).
+
+    Weighted least squares over the model's most recent observations. Each observation is weighed by
+    its size, so that long prompts, where the window is at stake, decide the factor on content and
+    short ones the fixed costs (the error expected of a prompt is a few tokens plus a few per cent
+    of its size), and by its recency (older ones fade). A weak prior pulls each parameter toward "no
+    correction", so request shapes that do not separate them (every prompt the same length, or with
+    the same number of messages) leave the unknown part near neutral instead of wild; every
+    parameter is bounded.
+    """
     if not observations:
         return NEUTRAL
     matrix, rhs = normal_equations(observations)
@@ -423,7 +406,16 @@ class Calibration:
     Thread-safe, bounded in models, clients per model and observations per client.
 
     `journal`, when set, is told every observation taken (replicas share them: the state of a
-    model is a function of its observations in order, `export`ed and `install`ed whole)."""
+    model is a function of its observations in order, `export`ed and `install`ed whole).
+
+    The correction in use moves only when the fit would count some prompt more than `DEADBAND`
+    higher or `SLACK` lower (plans depend on counts, and a move re-places a conversation's
+    earlier cuts: DESIGN.md §4.7); an overflow error that states the prompt's real size
+    applies the fit at once and makes sure that prompt is counted at least that big (DESIGN.md §8),
+    so the retry differs from what failed. No client may drag the correction the others are counted
+    with (DESIGN.md §7 Isolation): each client's deviation is clipped to `CLIENT_REACH` unless an
+    overflow error backs that client's fit.
+    """
 
     def __init__(
         self,

@@ -1,21 +1,8 @@
 """Token counting for chat requests: tiktoken where exact, a calibrated heuristic elsewhere.
 
-Counts follow OpenAI's accounting (3 tokens per message, 1 per name, 3 to prime the reply),
-with tool calls, tool definitions, `response_format` schemas, images by `detail` and the
-reasoning fields clients send back. Only `encode_ordinary` is used: user text may contain
-`<|endoftext|>` and must be counted as text. Faster counters give the same counts where they
-loaded (app/tokens/encodings.py, each checked against tiktoken at load): rs_bpe for any text,
-and quicktok (the `fast` extra) for ASCII text.
-Per-message raw counts are cached by content hash in a bounded LRU owned by the counter, so a
-growing conversation costs only its new messages.
-Model families without a tokenizer in tiktoken (Llama, Qwen, Mistral, Claude, Gemini …) use
-`heuristic_tokens`. Every model is corrected by the upstream's own `usage.prompt_tokens`
-(app/calibration.py: a factor on content plus the chat template's fixed cost per request and
-per message, fitted from recent responses, bounded, moving in steps).
-
 The parts: raw counts of a message and of the rest of the prompt (raw_counts.py, images in
-images.py), the last requests remembered (prefixes.py), calibration (calibration.py); this
-module puts them together per request and per conversation.
+images.py), the last requests remembered (prefixes.py), calibration (calibration.py); this module
+puts them together per request and per conversation.
 """
 
 from __future__ import annotations
@@ -84,6 +71,12 @@ class ChatTokenCounter(RawCounter):
     Thread-safe; all state (the per-message LRU, per-model encodings, calibration, the last
     history serialised: `texts`, which the app's other readers of histories share) is this
     instance's.
+
+    Counts follow OpenAI's accounting (3 tokens per message, 1 per name, 3 to prime the reply), with
+    tool calls, tool definitions, `response_format` schemas, images by `detail` and the reasoning
+    fields clients send back. Only `encode_ordinary` is used: user text may contain `<|endoftext|>`
+    and must be counted as text. Every model is corrected by the upstream's own prompt tokens
+    (app/tokens/calibration.py).
     """
 
     def __init__(
@@ -281,7 +274,7 @@ class Counted:
     first use, then found by the message's identity, and its fixed part's. Messages are
     indexed from the newest back, a widening stretch at a time, as lookups need: a
     conversation's next request mostly looks up the few messages it added, and indexing all
-    of them cost more than its plan (20 µs at 450 messages)."""
+    of them cost more than its plan."""
 
     __slots__ = ("counts", "fixed", "ids", "start")
 

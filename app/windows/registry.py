@@ -1,14 +1,4 @@
-"""Context windows: the precedence of their sources and the registry of learned and discovered ones.
-
-Precedence (DESIGN.md §5): request header > `INFLIGHT_CONTEXT_LIMIT` > learned from an
-upstream overflow error > discovered from the upstream > `models.toml` > fallback. A learned
-window is the upstream's own statement, so it replaces what discovery said (a server started
-with a smaller context than it advertises); it is never more than that: an explicit limit, from
-the client or the operator, always wins over it. A window inferred from a silent cut (one
-client's answer counted short, app/windows/silent.py) is that client's alone until
-`SILENT_QUORUM` distinct clients saw one (DESIGN.md §7 Isolation); then the largest window
-that many agree on is learned for all.
-"""
+"""Context windows: their sources' precedence, and the registry of learned and discovered ones."""
 
 from __future__ import annotations
 
@@ -68,7 +58,14 @@ def resolve_window(
     table: int | None = None,
     fallback: int,
 ) -> Window:
-    """The precedence, as a pure function of every candidate (None = that source is silent)."""
+    """The precedence, as a pure function of every candidate (None = that source is silent).
+
+    Precedence (DESIGN.md §5): request header > `INFLIGHT_CONTEXT_LIMIT` > learned from an upstream
+    overflow error > discovered from the upstream > `models.toml` > fallback. A learned window is
+    the upstream's own statement, so it replaces what discovery said (a server started with a
+    smaller context than it advertises); it is never more than that: an explicit limit, from the
+    client or the operator, always wins over it.
+    """
     for value, source in (
         (header, LimitSource.HEADER),
         (setting, LimitSource.SETTING),
@@ -96,6 +93,10 @@ class WindowRegistry:
     in-flight discovery. Both maps are bounded: model names come from clients. `journal`,
     when set, is told every window learned, and `refresh` runs before a window is resolved
     (replicas share what they learned: app/windows/shared.py).
+
+    A window inferred from a silent cut (one client's answer counted short, app/windows/silent.py)
+    is that client's alone until `SILENT_QUORUM` distinct clients saw one (DESIGN.md §7 Isolation);
+    then the largest window that many agree on is learned for all.
     """
 
     def __init__(

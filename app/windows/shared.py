@@ -1,16 +1,4 @@
-"""What replicas learn from the upstream and plan with, shared: one state, whichever replica.
-
-A plan depends on the calibration of the request's model and on the windows learned for its
-(upstream, model) (DESIGN.md §7). Each is one document, versioned, in a `LearnedStore` (Redis
-with `CACHE_URL`): before a request is planned the replica asks whether the two documents it
-needs changed (one round trip) and installs them if so; what it learned itself (an answer's
-observation, a window) is applied locally, journaled, and published before the answer's last
-bytes go (`publish_within`, bounded) with a compare-and-set on the version — on a conflict, the
-peer's document is installed and the journaled steps applied again on top. A model's
-calibration is a function of its observations in order, each carrying its own time, so every
-replica (and a restarted one) holds exactly the state one proxy would have after the same
-answers.
-"""
+"""What replicas learn from the upstream and plan with, shared: one state, whichever replica."""
 
 from __future__ import annotations
 
@@ -151,7 +139,18 @@ Step = Observed | WindowLearned
 
 class SharedLearning:
     """The calibration and the learned windows of this replica, kept equal to its peers'
-    through `store`: `refresh` before a plan, `flush` after an answer."""
+    through `store`: `refresh` before a plan, `flush` after an answer.
+
+    A plan depends on the calibration of the request's model and on the windows learned for its
+    (upstream, model) (DESIGN.md §7). Each is one document, versioned, in a `LearnedStore` (Redis
+    with `CACHE_URL`): before a request is planned the replica asks whether the two documents it
+    needs changed (one round trip) and installs them if so; what it learned itself (an answer's
+    observation, a window) is applied locally, journaled, and published before the answer's last
+    bytes go (`publish_within`, bounded) with a compare-and-set on the version — on a conflict, the
+    peer's document is installed and the journaled steps applied again on top. A model's calibration
+    is a function of its observations in order, each carrying its own time, so every replica (and a
+    restarted one) holds exactly the state one proxy would have after the same answers.
+    """
 
     def __init__(
         self, store: LearnedStore, calibration: Calibration, windows: WindowRegistry

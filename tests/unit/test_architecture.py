@@ -4,6 +4,7 @@ engine → base; the engine free of web, HTTP and usage imports)."""
 
 from __future__ import annotations
 
+import ast
 import shutil
 import subprocess
 import sys
@@ -83,3 +84,15 @@ def test_the_layers_contracts_are_kept() -> None:
     )
     assert done.returncode == 0, done.stdout[-3000:]
     assert "BROKEN" not in done.stdout
+
+
+def test_module_docstrings_are_one_to_five_lines() -> None:
+    """Every module says what it is for in one to five lines (STYLE.md rule 10); the detail
+    belongs to the class or function it explains."""
+    offenders = []
+    for path in sorted((ROOT / "app").rglob("*.py")):
+        doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")), clean=False)
+        lines = 0 if doc is None else len(doc.strip().splitlines())
+        if not 1 <= lines <= 5:
+            offenders.append(f"{path.relative_to(ROOT)}: {lines} lines")
+    assert offenders == [], "module docstrings not of 1-5 lines:\n" + "\n".join(offenders)

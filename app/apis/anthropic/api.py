@@ -1,12 +1,7 @@
 """Anthropic Messages (`POST /v1/messages`): an `Api` through `MessagesFormat` (DESIGN.md §8).
 
-Its own points: requests go to `INFLIGHT_ANTHROPIC_UPSTREAM_URL` (or the model's `models.toml`
-upstream) with the key in `x-api-key`; the body is an object naming its model (what `messages`
-holds is the adapter's to judge, and only when it must rewrite it); usage is in the JSON answer
-and in a stream's `message_start` and `message_delta`, never asked for; the proxy's own errors
-use Anthropic's envelope `{"type": "error", "error": {"type", "message"}}`; context editing
-(`context_management`) is applied here for an upstream that is not Anthropic's (DESIGN.md §13),
-and reported on the answer: the JSON message, or a stream's `message_delta`.
+Its own points: `x-api-key` auth, usage read from the answer and never asked for, Anthropic's error
+envelope, and context editing applied for an upstream that is not Anthropic's.
 """
 
 from __future__ import annotations
@@ -39,7 +34,10 @@ ERROR_TYPES = {
 
 
 def anthropic_error_body(error: ProxyError) -> dict[str, Any]:
-    """`error` in Anthropic's envelope (502 and anything unlisted is an `api_error`)."""
+    """`error` in Anthropic's envelope (502 and anything unlisted is an `api_error`).
+
+    The envelope is `{"type": "error", "error": {"type", "message"}}`.
+    """
     kind = ERROR_TYPES.get(error.status_code, "api_error")
     return {"type": "error", "error": {"type": kind, "message": error.message}}
 
@@ -49,7 +47,11 @@ ANTHROPIC_HOST = "api.anthropic.com"
 
 class AnthropicContextEditing:
     """Anthropic's context editing (`context_management.edits`, beta
-    `context-management-2025-06-27`) on a Messages upstream that is not Anthropic's API."""
+    `context-management-2025-06-27`) on a Messages upstream that is not Anthropic's API.
+
+    DESIGN.md §13; the edits applied are reported on the answer: the JSON message, or a
+    stream's `message_delta`.
+    """
 
     def apply(
         self, body: dict[str, Any], base_url: str, mode: ContextEditsMode
@@ -103,6 +105,10 @@ class ReportEdits:
         ]
 
 
+# Requests go to `INFLIGHT_ANTHROPIC_UPSTREAM_URL` (or the model's `models.toml` upstream) with the
+# key in `x-api-key`; the body is an object naming its model (what `messages` holds is the adapter's
+# to judge, and only when it must rewrite it); usage is in the JSON answer and in a stream's
+# `message_start` and `message_delta`, never asked for.
 API = Api(
     route="/v1/messages",
     upstream_path="/messages",

@@ -2,16 +2,8 @@
 
 For a Messages upstream that ignores the field (llama.cpp, vLLM, Ollama), inflight applies
 `clear_tool_uses_20250919` and `clear_thinking_20251015` itself with Anthropic's defaults and
-reports `applied_edits` as Anthropic does; for one that applies them (Anthropic's API), the
-same edits are only simulated (`upstream_sees`), so compaction counts what they leave.
-
-Decisions are a pure function of the history, made as if it had grown one user turn at a time:
-the trigger is measured on the prompt as edited so far, so a clearing brings it back under the
-trigger and the next requests share their prefix until it is crossed again (`clear_at_least`
-holds a clearing back until it is worth a cache break). Token counts are the uncalibrated
-heuristic, so calibration never moves a decision. Anthropic decides on each request alone:
-whenever it clears, it clears at least what this replay does, so the simulation's prompt is
-never smaller than the one Anthropic's edits leave.
+reports `applied_edits` as Anthropic does; for one that applies them (Anthropic's API) they are
+only simulated (`upstream_sees`), so compaction counts what they will leave.
 """
 
 from __future__ import annotations
@@ -369,7 +361,16 @@ def _edited(
 def apply_edits(body: Mapping[str, Any]) -> EditedBody | None:
     """`body` with its requested edits applied and `context_management` taken out (None: it
     asks for none). Edits apply in the order listed; untouched messages stay the very
-    objects."""
+    objects.
+
+    Decisions are a pure function of the history, made as if it had grown one user turn at a time:
+    the trigger is measured on the prompt as edited so far, so a clearing brings it back under the
+    trigger and the next requests share their prefix until it is crossed again (`clear_at_least`
+    holds a clearing back until it is worth a cache break). Token counts are the uncalibrated
+    heuristic, so calibration never moves a decision. Anthropic decides on each request alone:
+    whenever it clears, it clears at least what this replay does, so the simulation's prompt is
+    never smaller than the one Anthropic's edits leave.
+    """
     edits = requested_edits(body)
     if edits is None:
         return None

@@ -1,18 +1,4 @@
-"""Anthropic Messages: a compacted view rendered back into `messages` (DESIGN.md §8).
-
-Every block of a piece the plan kept is put back where it was; a message none of whose blocks
-changed is the very object the client sent. What a strategy changed is rewritten in place: a
-`tool_result`'s content (truncated, or pruned to a placeholder), a text block's text, a
-`tool_use`'s `input` (deep truncation keeps arguments valid JSON). Thinking blocks are never
-rewritten. An inserted summary becomes a text block: a message of its own, or — when a
-neighbour has its role — folded into that neighbour, so turns keep alternating.
-
-Breakpoints (`cache_control`): one on a kept block stays on it; one whose block was cut (or
-whose nested block a prune replaced) moves to the block now standing where it was — the parent
-`tool_result`, the summary, or the last kept block before it (never a pinned system message's:
-instructions stay as sent) — unless that block has one already. None is ever added, so the
-output never has more than the request had.
-"""
+"""Anthropic Messages: a compacted view rendered back into `messages` (DESIGN.md §8)."""
 
 from __future__ import annotations
 
@@ -291,7 +277,21 @@ def render_messages(
     sources: Sequence[int | None],
 ) -> list[Mapping[str, Any]]:
     """The Anthropic messages for the compacted `view` (`sources[k]`: the index in
-    `conversation.messages` output k came from, None for an inserted summary)."""
+    `conversation.messages` output k came from, None for an inserted summary).
+
+    Every block of a piece the plan kept is put back where it was; a message none of whose blocks
+    changed is the very object the client sent. What a strategy changed is rewritten in place: a
+    `tool_result`'s content (truncated, or pruned to a placeholder), a text block's text, a
+    `tool_use`'s `input` (deep truncation keeps arguments valid JSON). Thinking blocks are never
+    rewritten. An inserted summary becomes a text block: a message of its own, or — when a neighbour
+    has its role — folded into that neighbour, so turns keep alternating.
+
+    Breakpoints (`cache_control`): one on a kept block stays on it; one whose block was cut (or
+    whose nested block a prune replaced) moves to the block now standing where it was — the parent
+    `tool_result`, the summary, or the last kept block before it (never a pinned system message's:
+    instructions stay as sent) — unless that block has one already. None is ever added, so the
+    output never has more than the request had.
+    """
     outs = _fold_inserted(_assemble(messages, conversation, view, sources))
     _move_breakpoints(messages, outs)
     return [out.message() for out in outs]

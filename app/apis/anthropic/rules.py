@@ -1,17 +1,8 @@
 """What Anthropic's Messages API rejects in a request body, each problem naming its field.
 
-The proxy forwards a request it does not need to touch as it was sent, whatever it holds: the
-upstream judges it. These checks run only when compaction would rewrite the request, so that a
-body the proxy cannot rewrite safely is answered with a 400 naming the field (in the
-`messages.3.content.1.type` form Anthropic uses) instead of being rewritten into something else.
-
-Consecutive messages of one role are one turn (Anthropic combines them), so tool pairing is
-checked per turn: every `tool_use` of an assistant turn is answered by a `tool_result` in the
-user turn right after it (unless the assistant turn ends the request), and every `tool_result`
-answers a `tool_use` of the assistant turn right before it. A `role: "system"` message inside
-`messages` (what Claude Code sends a non-Claude model, and servers of local models accept) is
-an instruction of text only; it takes no turn, but it must not stand between a call and its
-answers.
+These checks run only when compaction would rewrite the request (a request the proxy need not touch
+is forwarded as sent, for the upstream to judge), so that a body it cannot rewrite safely is a 400
+naming the field (`messages.3.content.1.type`, as Anthropic names it).
 """
 
 from __future__ import annotations
@@ -189,7 +180,16 @@ def breakpoints(body: Mapping[str, Any]) -> int:
 
 
 def problems(body: Mapping[str, Any]) -> list[Problem]:
-    """Everything Anthropic would reject in `body` that compaction depends on (empty: none)."""
+    """Everything Anthropic would reject in `body` that compaction depends on (empty: none).
+
+    Consecutive messages of one role are one turn (Anthropic combines them), so tool pairing is
+    checked per turn: every `tool_use` of an assistant turn is answered by a `tool_result` in the
+    user turn right after it (unless the assistant turn ends the request), and every `tool_result`
+    answers a `tool_use` of the assistant turn right before it. A `role: "system"` message inside
+    `messages` (what Claude Code sends a non-Claude model, and servers of local models accept) is an
+    instruction of text only; it takes no turn, but it must not stand between a call and its
+    answers.
+    """
     found: list[Problem] = []
     max_tokens = body.get("max_tokens")
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:

@@ -1,27 +1,8 @@
 """Anthropic Messages: the planner's view of a `POST /v1/messages` body (DESIGN.md §8).
 
-Anthropic combines consecutive messages of one role into one turn, so the view is built per
-turn (a maximal run of same-role messages):
-
-- an assistant turn is one assistant view message: its text and other blocks as content parts,
-  its `tool_use` blocks as `tool_calls` (arguments are the JSON of `input`), its thinking as
-  `reasoning_content` (counted, never truncated: thinking and redacted-thinking blocks stay with
-  their turn, byte-identical, signatures untouched);
-- the user turn right after an assistant turn with calls, when it answers them, is one `tool`
-  view message per `tool_result` block, plus one `tool` message for its other blocks (text,
-  images) whose parts carry no `text` field, so neither truncation nor pruning reaches what the
-  user wrote: the planner keeps or drops the call and its answers as one unit;
-- any other turn is one view message of its role — a `role: "system"` message inside
-  `messages` too: the planner pins it where it stands and it takes no turn (§3).
-
-Each view message remembers its `Piece`: the blocks of the body it stands for, by path.
-`system`, `tools` and `tool_choice` are `fixed`; the first user message is the pinned head. An
-Anthropic `compaction` block (beta `compact-2026-01-12`) stands in for the history before it
-(DESIGN.md §13): every turn up to the last one holding such a block, and the user turn after it,
-is one pinned user view message, so what follows is compacted and nothing before or across it
-is cut. The
-turns of a valid request alternate and a tool round takes an assistant turn and a user turn, so
-the view follows the strict role order (§4.6) and every plan keeps the turns alternating.
+Anthropic combines consecutive messages of one role into one turn, so the view is built per turn (a
+maximal run of same-role messages), and each view message remembers its `Piece`: the blocks of the
+body it stands for, by path.
 """
 
 from __future__ import annotations
@@ -227,7 +208,27 @@ class _Builder:
 def build_view(
     messages: Sequence[Mapping[str, Any]],
 ) -> tuple[list[dict[str, Any]], tuple[Piece, ...]]:
-    """The chat-shaped view of Anthropic `messages` and the piece behind each view message."""
+    """The chat-shaped view of Anthropic `messages` and the piece behind each view message.
+
+    - an assistant turn is one assistant view message: its text and other blocks as content parts,
+      its `tool_use` blocks as `tool_calls` (arguments are the JSON of `input`), its thinking as
+      `reasoning_content` (counted, never truncated: thinking and redacted-thinking blocks stay with
+      their turn, byte-identical, signatures untouched);
+    - the user turn right after an assistant turn with calls, when it answers them, is one `tool`
+      view message per `tool_result` block, plus one `tool` message for its other blocks (text,
+      images) whose parts carry no `text` field, so neither truncation nor pruning reaches what the
+      user wrote: the planner keeps or drops the call and its answers as one unit;
+    - any other turn is one view message of its role — a `role: "system"` message inside `messages`
+      too: the planner pins it where it stands and it takes no turn (§3).
+
+    `system`, `tools` and `tool_choice` are `fixed`; the first user message is the pinned head. An
+    Anthropic `compaction` block (beta `compact-2026-01-12`) stands in for the history before it
+    (DESIGN.md §13): every turn up to the last one holding such a block, and the user turn after it,
+    is one pinned user view message, so what follows is compacted and nothing before or across it is
+    cut. The turns of a valid request alternate and a tool round takes an assistant turn and a user
+    turn, so the view follows the strict role order (§4.6) and every plan keeps the turns
+    alternating.
+    """
     builder = _Builder(messages)
     builder.build()
     return builder.view, tuple(builder.pieces)

@@ -1,9 +1,8 @@
 """OpenAI Responses API (`POST /v1/responses`): an `Api` through `ResponsesFormat`.
 
-Its own points: the body is an object naming its model (what `input` holds is the adapter's to
-check, naming the item at fault); usage is in the JSON answer and in a stream's
-`response.completed` whether asked for or not, so a stream is never asked for it (the API
-knows no `stream_options.include_usage`); errors use OpenAI's envelope (the default).
+Its own points: the body is an object naming its model (`input` is the adapter's to check); usage is
+in the JSON answer and in a stream's `response.completed` whether asked for or not, so a stream is
+never asked for it; errors use OpenAI's envelope (the default).
 """
 
 from __future__ import annotations

@@ -1,37 +1,4 @@
-"""OpenAI Responses API: `input` items as the planner's chat-shaped view, and back (DESIGN.md §8).
-
-One view message per group of items, in order:
-
-- a message item (`{"role", "content"}` shorthand, or `type: "message"`) is a message of its role,
-  its `content` (a string or a list of `input_text`/`output_text`/`input_image`… parts) shared
-  as it is — the counter and the strategies read those parts like chat's;
-- a tool round is an assistant message whose `tool_calls` are the round's call items
-  (`function_call`, `custom_tool_call`, `local_shell_call`, `computer_call`, `shell_call`,
-  `apply_patch_call`, `mcp_approval_request`, `tool_search_call`, `program`), followed by one
-  `tool` message per output item.
-  Calls and outputs are found by position — the run of calls, then their outputs, each
-  matched by `call_id` among the calls of this round only (real transcripts reuse ids) — and
-  the round goes on while a call is still unanswered, so interleaved calls and outputs of one
-  turn stay one unit;
-- a `reasoning` item (or a run of them) goes with the item it preceded, whatever its type (a
-  call round, a message, a `web_search_call`…): carried inside that view message, never
-  separated from it (OpenAI rejects a reasoning item without its following item);
-- any other item (`web_search_call`, `item_reference`, …) is a message of its own.
-
-The pinned head is `instructions` (in `fixed`, counted with the tools), then the leading
-system/developer items and the first user item, exactly as for chat. A provider `compaction`
-item (what `/v1/responses/compact` returns, DESIGN.md §13) stands in for the history before it:
-every item up to the last one is one pinned user view message, and what follows is compacted
-like any history, never cut before or across it.
-
-Rendering puts every view message the plan left untouched back as its very items (the same
-objects, so they serialise to the bytes the client sent as orjson writes them); a truncated or
-pruned output keeps its item with a new `output`, a deeply truncated call keeps its item with new
-arguments, and the summary is a message item (after a pinned compaction item, when folded
-into the head). A string `input`, server-side history (`previous_response_id`,
-`conversation`), or an output whose call is not in its round make the request one to forward
-as received (`Conversation.skip`).
-"""
+"""OpenAI Responses: `input` items as the planner's chat-shaped view, and back (DESIGN.md §8)."""
 
 from __future__ import annotations
 
@@ -317,7 +284,39 @@ def _fixed(body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 class ResponsesFormat:
-    """`POST /v1/responses` bodies."""
+    """`POST /v1/responses` bodies.
+
+    One view message per group of items, in order:
+
+    - a message item (`{"role", "content"}` shorthand, or `type: "message"`) is a message of its
+      role, its `content` (a string or a list of `input_text`/`output_text`/`input_image`… parts)
+      shared as it is — the counter and the strategies read those parts like chat's;
+    - a tool round is an assistant message whose `tool_calls` are the round's call items
+      (`function_call`, `custom_tool_call`, `local_shell_call`, `computer_call`, `shell_call`,
+      `apply_patch_call`, `mcp_approval_request`, `tool_search_call`, `program`), followed by one
+      `tool` message per output item. Calls and outputs are found by position — the run of calls,
+      then their outputs, each matched by `call_id` among the calls of this round only (real
+      transcripts reuse ids) — and the round goes on while a call is still unanswered, so
+      interleaved calls and outputs of one turn stay one unit;
+    - a `reasoning` item (or a run of them) goes with the item it preceded, whatever its type (a
+      call round, a message, a `web_search_call`…): carried inside that view message, never
+      separated from it (OpenAI rejects a reasoning item without its following item);
+    - any other item (`web_search_call`, `item_reference`, …) is a message of its own.
+
+    The pinned head is `instructions` (in `fixed`, counted with the tools), then the leading
+    system/developer items and the first user item, exactly as for chat. A provider `compaction`
+    item (what `/v1/responses/compact` returns, DESIGN.md §13) stands in for the history before it:
+    every item up to the last one is one pinned user view message, and what follows is compacted
+    like any history, never cut before or across it.
+
+    Rendering puts every view message the plan left untouched back as its very items (the same
+    objects, so they serialise to the bytes the client sent as orjson writes them); a truncated or
+    pruned output keeps its item with a new `output`, a deeply truncated call keeps its item with
+    new arguments, and the summary is a message item (after a pinned compaction item, when folded
+    into the head). A string `input`, server-side history (`previous_response_id`, `conversation`),
+    or an output whose call is not in its round make the request one to forward as received
+    (`Conversation.skip`).
+    """
 
     api: ApiName = "responses"
     history: str = "input"

@@ -1,12 +1,7 @@
 """Which spans the next compaction event will cut, predicted before it happens (pure).
 
-Plans are a pure function of the history, so the next event's cut can be computed before the
-event: it is the cut of the conversation grown by turns like the last one until one crosses
-the threshold. The real event comes with a real turn, often bigger, so it may cut further, by
-whole units: `next_events` also plans the turn going further past the threshold, and gives the
-few distinct cuts this makes. Summaries of these spans, made in the background, are the summary
-the event needs, or the prefix of it that a rolling update extends. `bench/ahead.py` measures
-how often, offline.
+Summaries of these spans, made in the background, are the summary the event needs, or the prefix of
+it that a rolling update extends (`bench/ahead.py` measures how often, offline).
 """
 
 from __future__ import annotations

@@ -1,14 +1,4 @@
-"""Summaries made off the request path (DESIGN.md §12): a bounded registry of background tasks.
-
-A request never waits for a summary made here: it is served without it (`pending`), and the
-summary stands in from the first request after it is cached. The work is bounded: one task
-per span (`key`) in this process, and across replicas the cache's lock (a replica that finds
-the span locked leaves it to the holder); at most `concurrency` summaries run at once, at
-most `max_tasks` wait. On an upstream that serves one request at a time (`gated`) a summary
-prefers a moment with no client request in flight (`idle`), but waits for one at most
-`idle_wait` seconds and then runs anyway, so sustained load cannot starve it. Once started it
-runs to completion; only `aclose` (shutdown) cancels it. No exception is lost.
-"""
+"""Summaries made off the request path (DESIGN.md §12): a bounded registry of background tasks."""
 
 from __future__ import annotations
 
@@ -33,7 +23,17 @@ IDLE_SETTLE = 0.1  # seconds an upstream stays idle before a summary starts on i
 
 
 class BackgroundSummaries:
-    """Makes summaries in background tasks; `submit` never waits."""
+    """Makes summaries in background tasks; `submit` never waits.
+
+    A request never waits for a summary made here: it is served without it (`pending`), and the
+    summary stands in from the first request after it is cached. The work is bounded: one task per
+    span (`key`) in this process, and across replicas the cache's lock (a replica that finds the
+    span locked leaves it to the holder); at most `concurrency` summaries run at once, at most
+    `max_tasks` wait. On an upstream that serves one request at a time (`gated`) a summary prefers a
+    moment with no client request in flight (`idle`), but waits for one at most `idle_wait` seconds
+    and then runs anyway, so sustained load cannot starve it. Once started it runs to completion;
+    only `aclose` (shutdown) cancels it. No exception is lost.
+    """
 
     def __init__(
         self,

@@ -1,9 +1,6 @@
 """The summary cache: content-hash keys, in-process by default, Redis when `CACHE_URL` is set.
 
-Summaries are the only thing inflight remembers (DESIGN.md §4.7). The cache also makes
-concurrent identical summary requests share one upstream call: in-process with one future per
-key, across replicas with a short Redis lock that the others wait on; and it holds what a
-compaction event chose to stand for its span (`add`: the first writer wins, on every replica).
+Summaries are the only thing inflight remembers (DESIGN.md §4.7).
 """
 
 from __future__ import annotations
@@ -37,7 +34,12 @@ return false
 
 
 class SummaryCache(Protocol):
-    """Where finished summaries live, keyed by a hash of what they summarise."""
+    """Where finished summaries live, keyed by a hash of what they summarise.
+
+    It also holds what a compaction event chose to stand for its span (`add`: the first writer wins,
+    on every replica); `SummaryFlight` makes concurrent identical summary requests share one
+    upstream call.
+    """
 
     async def get(self, key: str) -> str | None: ...
 

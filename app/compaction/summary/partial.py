@@ -1,16 +1,5 @@
-"""The partial stand-in: a cached summary of a prefix of a compaction event's span stands for
-the span while the span's own summary is made, and stays until the cut moves (issue 15).
-
-At an event whose span S has no summary cached, the newest summary cached of a prefix S' of it
-(the previous event's, or one made ahead) stands in when S' holds at least `SUMMARY_PARTIAL`
-of S's tokens; the rest of S is left out, as `trim` leaves it (restoring, the span marker still
-stands for all of S). Which one stands for S is chosen once, at the first request that sees S's
-own summary missing, and recorded in the summary cache under S's key — set-if-absent, so
-replicas that race agree on the first — and that record is read before S's own summary: when
-S's own summary lands it is cached as ever (the next event's rolling update starts from it),
-but S keeps its stand-in, and the prompt does not change again until the cut moves. An event
-with no prefix that large records that its own summary stands for it (nothing until it lands,
-as before), so a prefix summary landing meanwhile does not take its place either.
+"""The partial stand-in: a cached summary of a prefix of a compaction event's span stands for the
+span while the span's own summary is made, and stays until the cut moves (issue 15).
 """
 
 from __future__ import annotations
@@ -30,7 +19,19 @@ RECORD = ":stand-in"  # the suffix of the key the choice for a span is recorded 
 @dataclass(frozen=True, slots=True)
 class Chosen:
     """What stands for a span: its own summary (`summary` None), or the summary of a prefix
-    of it, covering `covers` of the span's tokens."""
+    of it, covering `covers` of the span's tokens.
+
+    At an event whose span S has no summary cached, the newest summary cached of a prefix S' of it
+    (the previous event's, or one made ahead) stands in when S' holds at least `SUMMARY_PARTIAL` of
+    S's tokens; the rest of S is left out, as `trim` leaves it (restoring, the span marker still
+    stands for all of S). Which one stands for S is chosen once, at the first request that sees S's
+    own summary missing, and recorded in the summary cache under S's key (`record_key`) —
+    set-if-absent, so replicas that race agree on the first — and that record is read before S's own
+    summary: when S's own summary lands it is cached as ever (the next event's rolling update starts
+    from it), but S keeps its stand-in, and the prompt does not change again until the cut moves. An
+    event with no prefix that large records that its own summary stands for it (nothing until it
+    lands, as before), so a prefix summary landing meanwhile does not take its place either.
+    """
 
     summary: str | None = None
     covers: float = 1.0

@@ -1,10 +1,6 @@
 """Summaries through the upstream: the prompt, the transcript as data, chunking, validation.
 
-A summary request must always fit the summariser's own window, so the transcript is rendered
-without images, long tool outputs are cut to head and tail, and a span larger than the window
-is summarised in chunks, each chunk updating the summary of the ones before (the same rolling
-update a later compaction event uses). Any failure raises `SummaryFailed`; the caller falls
-back to `trim`.
+Any failure raises `SummaryFailed`; the caller falls back to `trim`.
 """
 
 from __future__ import annotations
@@ -99,7 +95,13 @@ def render_message(message: Mapping[str, Any]) -> str:
 def chunk_transcript(
     messages: Sequence[Mapping[str, Any]], count: Callable[[str], int], budget: int
 ) -> list[str]:
-    """Rendered messages grouped into chunks of at most `budget` tokens each."""
+    """Rendered messages grouped into chunks of at most `budget` tokens each.
+
+    A summary request must always fit the summariser's own window, so the transcript is rendered
+    without images, long tool outputs are cut to head and tail, and a span larger than the window is
+    summarised in chunks, each chunk updating the summary of the ones before (the same rolling
+    update a later compaction event uses).
+    """
     chunks: list[str] = []
     current: list[str] = []
     used = 0

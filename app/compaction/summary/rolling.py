@@ -1,15 +1,7 @@
 """The `summarize` strategy's async side: rolling summaries through the upstream, cached.
 
-The pure planner decides which span a summary replaces (its cut only moves at compaction
-events). Here the summary for the current cut is found or made: from the cache (keyed by a hash
-of the summarised span, the model and the prompt version); else by updating the newest summary
-cached at an earlier unit boundary — an earlier event's cut, or a span summarised ahead of its
-event — with everything cut since (one upstream call per event when the cache is warm); else,
-on a cold cache, from scratch — always in chunks that each fit the summariser's window. The
-exact-fact guard (DESIGN.md §14) then appends the span's identifiers the model's text lost,
-verbatim, within the summary's budget. Any failure — error status, timeout, empty or oversized
-answer — raises `SummaryFailed`; the request goes without the summary (the same cut, nothing in
-its place).
+The pure planner decides which span a summary replaces (its cut only moves at compaction events);
+here the summary for the current cut is found or made.
 """
 
 from __future__ import annotations
@@ -198,6 +190,15 @@ class Summaries:
     retried by every following request of the conversation — each would wait out the same
     deadline before falling back — but only after `retry_after` seconds; until then requests
     fall back to `trim` at once.
+
+    Found from the cache (keyed by a hash of the summarised span, the model and the prompt version);
+    else made by updating the newest summary cached at an earlier unit boundary — an earlier event's
+    cut, or a span summarised ahead of its event — with everything cut since (one upstream call per
+    event when the cache is warm); else, on a cold cache, from scratch — always in chunks that each
+    fit the summariser's window. The exact-fact guard (DESIGN.md §14) then appends the span's
+    identifiers the model's text lost, verbatim, within the summary's budget. Any failure — error
+    status, timeout, empty or oversized answer — raises `SummaryFailed`; the request goes without
+    the summary (the same cut, nothing in its place).
     """
 
     def __init__(

@@ -1,11 +1,5 @@
-"""What stands for a cut span while its summary is not there (pending or failed): nothing but
-a short, fixed note where the summary will go — and only where a message must stand there.
-
-The cut is the summarising plan's either way (DESIGN.md §12): when the summary lands, it
-replaces the note and nothing else changes (one prompt change). A summary that would be a
-message of its own stands between the head and a turn of the other role; leaving that place
-empty would make two messages of one role meet (§4.6), so the note takes it, with the same
-role. A summary folded into the head's user message needs no note: the head stays as it is.
+"""What stands for a cut span while its summary is not there (pending or failed): nothing but a
+short, fixed note where the summary will go — and only where a message must stand there.
 """
 
 from __future__ import annotations
@@ -23,7 +17,14 @@ OMITTED = OMITTED_NOTE
 
 
 def omitted_note(result: CompactionResult) -> Mapping[str, Any] | None:
-    """The note that holds the summary's place in `result`, if it needs one."""
+    """The note that holds the summary's place in `result`, if it needs one.
+
+    The cut is the summarising plan's either way (DESIGN.md §12): when the summary lands, it
+    replaces the note and nothing else changes (one prompt change). A summary that would be a
+    message of its own stands between the head and a turn of the other role; leaving that place
+    empty would make two messages of one role meet (§4.6), so the note takes it, with the same role.
+    A summary folded into the head's user message needs no note: the head stays as it is.
+    """
     plan = result.plan
     if not plan.summarize or plan.summary_role == "fold":
         return None

@@ -1,19 +1,5 @@
 """How summary calls end, counted by reason, and the requests that fell back to `trim` because of
 them (shown in `/stats` under `summaries` and in `/metrics`).
-
-Every summary call goes through a `CountedCompleter` (built per request by the app's completer
-factory), which sees how the call ended without reading any error text: the exception's cause
-(`TimeoutError`/`UpstreamTimeout`: `timeout`, `UpstreamUnavailable`: `unreachable`), the status
-(`http_<status>`), or a cancellation (`cancelled`: the request's summary deadline passed, the
-client left, or the proxy shut down). When a request falls back, `fell_back` names why from
-what this request's own calls did:
-
-- `deadline`: the request's summary deadline (`SUMMARY_TIMEOUT`) passed;
-- the reason of the request's last failed call (`timeout`, `unreachable`, `http_<status>`);
-- `invalid_answer`: the summariser answered 2xx but with no usable summary (not a completion,
-  empty, too long) — also counted as a failed call;
-- `not_attempted`: this request made no call (the span failed recently and is backed off, or
-  another request's call for the same span failed).
 """
 
 from __future__ import annotations
@@ -111,7 +97,21 @@ def _failure_of(exc: BaseException) -> str:
 
 class CountedCompleter:
     """A `Completer` that counts each call and how it ended, and remembers this request's last
-    call so a fallback can say why it happened."""
+    call so a fallback can say why it happened.
+
+    Built per request by the app's completer factory, it sees how the call ended without reading any
+    error text: the exception's cause (`TimeoutError`/`UpstreamTimeout`: `timeout`,
+    `UpstreamUnavailable`: `unreachable`), the status (`http_<status>`), or a cancellation
+    (`cancelled`: the request's summary deadline passed, the client left, or the proxy shut down).
+    When a request falls back, `fell_back` names why from what this request's own calls did:
+
+    - `deadline`: the request's summary deadline (`SUMMARY_TIMEOUT`) passed;
+    - the reason of the request's last failed call (`timeout`, `unreachable`, `http_<status>`);
+    - `invalid_answer`: the summariser answered 2xx but with no usable summary (not a completion,
+      empty, too long) — also counted as a failed call;
+    - `not_attempted`: this request made no call (the span failed recently and is backed off, or
+      another request's call for the same span failed).
+    """
 
     def __init__(self, complete: Completer, stats: SummaryStats) -> None:
         self._complete = complete

@@ -1,9 +1,4 @@
-"""PostgreSQL usage store, for several replicas sharing one database (`postgresql://…`).
-
-One connection, serialised by a lock (batches make that plenty), opened again (and the schema
-created, the first time) on the next call after it broke or could not be made: a database down
-at startup or restarted costs the calls made while it is down (a 503 for a read, a retry then
-the spill file for the write queue), never the store itself or the proxy's start."""
+"""PostgreSQL usage store, for several replicas sharing one database (`postgresql://…`)."""
 
 from __future__ import annotations
 
@@ -31,7 +26,13 @@ LOST = (psycopg.OperationalError, psycopg.InterfaceError)
 
 
 class PostgresStore:
-    """`postgresql://…` or `postgres://…`."""
+    """`postgresql://…` or `postgres://…`.
+
+    One connection, serialised by a lock (batches make that plenty), opened again (and the schema
+    created, the first time) on the next call after it broke or could not be made: a database down
+    at startup or restarted costs the calls made while it is down (a 503 for a read, a retry then
+    the spill file for the write queue), never the store itself or the proxy's start.
+    """
 
     def __init__(self, url: str) -> None:
         self._url = url

@@ -1,15 +1,4 @@
-"""The usage table and its queries, shared by the SQLite and PostgreSQL stores.
-
-Schema versions: 1 had no `route`; 2 adds `route` (the client's route: `/v1/chat/completions`
-for chat records, `/v1/<api>` for passthrough records, empty for summary calls); 3 adds
-`cache_write_tokens`, `cost` and `baseline_cost` (USD, DESIGN.md §9; NULL: unpriced model);
-4 adds the `inflight_ledger` table (DESIGN.md §11: one row per compacted request, its JSON
-document, its owner and expiry); 5 adds `id`, each record's own id under a unique index, so a
-batch written again (a retry after a lost acknowledgement, a spill file replayed) adds nothing;
-6 adds `cut_for` (`fit` or `cost`: why compaction changed the request, DESIGN.md §16);
-7 adds the ledger's late fields (`LATE_FIELDS`): `facts_retained`, `facts_restorable`,
-`facts_lost` (DESIGN.md §14), `realised_net` and `realised_turns` (§16), null until known.
-"""
+"""The usage table and its queries, shared by the SQLite and PostgreSQL stores."""
 
 from __future__ import annotations
 
@@ -118,7 +107,18 @@ INDEXES = ["CREATE UNIQUE INDEX IF NOT EXISTS inflight_usage_id ON inflight_usag
 
 def migrations_from(version: int) -> list[str]:
     """The statements that bring a table at `version` to `SCHEMA_VERSION` (the version row's
-    update included)."""
+    update included).
+
+    Schema versions: 1 had no `route`; 2 adds `route` (the client's route: `/v1/chat/completions`
+    for chat records, `/v1/<api>` for passthrough records, empty for summary calls); 3 adds
+    `cache_write_tokens`, `cost` and `baseline_cost` (USD, DESIGN.md §9; NULL: unpriced model); 4
+    adds the `inflight_ledger` table (DESIGN.md §11: one row per compacted request, its JSON
+    document, its owner and expiry); 5 adds `id`, each record's own id under a unique index, so a
+    batch written again (a retry after a lost acknowledgement, a spill file replayed) adds nothing;
+    6 adds `cut_for` (`fit` or `cost`: why compaction changed the request, DESIGN.md §16);
+    7 adds the ledger's late fields (`LATE_FIELDS`): `facts_retained`, `facts_restorable`,
+    `facts_lost` (DESIGN.md §14), `realised_net` and `realised_turns` (§16), null until known.
+    """
     statements = [
         sql
         for v in sorted(MIGRATIONS)

@@ -18,12 +18,12 @@ FIXED_FIELDS = ("system", "tools", "tool_choice")
 class MessagesFormat:
     """`POST /v1/messages` bodies (Anthropic's Messages API).
 
-    The view (`messages_view`) maps turns to chat-shaped view messages so the planner keeps a
+    The view (`view.py`) maps turns to chat-shaped view messages so the planner keeps a
     `tool_use` and its `tool_result`s together and the turns alternating; rendering
-    (`messages_render`) puts the kept blocks back, untouched messages byte-identical, and moves the
+    (`render.py`) puts the kept blocks back, untouched messages byte-identical, and moves the
     `cache_control` breakpoints of cut blocks. A `role: "system"` message inside `messages` is an
     instruction pinned where it stands (§3), as later system messages are on chat. A body Anthropic
-    would reject (`messages_rules`) is forwarded as sent unless compaction must rewrite it; then it
+    would reject (`rules.py`) is forwarded as sent unless compaction must rewrite it; then it
     is a 400 naming the field. A body still carrying `context_management` goes to an upstream
     that applies the edits itself (§13): the view counts what they leave, the body keeps what was
     sent.

@@ -7,6 +7,7 @@ import asyncio
 import inspect
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Literal, cast, get_args
 
 from inflight.apis.anthropic.format import MessagesFormat
@@ -20,7 +21,7 @@ from inflight.compaction.rendering import render_span
 from inflight.compaction.report import Preview, SummaryState, preview_report, report_headers
 from inflight.compaction.summary.prompt import SummaryUsage
 from inflight.compaction.summary.rolling import summary_budget
-from inflight.compaction.wire import ApiName, Conversation, WireFormat
+from inflight.compaction.wire import Conversation, WireFormat
 from inflight.strategies import StrategyName, parse_strategy
 from inflight.tokens.counter import ChatTokenCounter, TokenCounter
 from inflight.tokens.encodings import load_encodings
@@ -28,8 +29,10 @@ from inflight.windows.table import output_reserve
 
 Api = Literal["chat", "responses", "anthropic"]
 APIS: tuple[Api, ...] = get_args(Api)
-_WIRE: dict[Api, ApiName] = {"chat": "chat", "responses": "responses", "anthropic": "messages"}
-_HISTORY: dict[Api, str] = {"chat": "messages", "responses": "input", "anthropic": "messages"}
+# Each API's wire format (stateless adapters): its planner view, render and history field.
+_FORMATS: Mapping[Api, WireFormat] = MappingProxyType(
+    {"chat": ChatFormat(), "responses": ResponsesFormat(), "anthropic": MessagesFormat()}
+)
 # What `summarize` gets: the span of the conversation a compaction event cuts, as chat-shaped
 # messages (what the proxy's summariser is shown); it returns the summary's text.
 Summarize = Callable[[list[Mapping[str, Any]]], "str | Awaitable[str]"]
@@ -67,11 +70,7 @@ class Engine:
 
     def __init__(self, counter: TokenCounter | None = None) -> None:
         self._counter = counter if counter is not None else ChatTokenCounter(load_encodings())
-        self._formats: dict[Api, WireFormat] = {
-            "chat": ChatFormat(),
-            "responses": ResponsesFormat(),
-            "anthropic": MessagesFormat(),
-        }
+        self._formats = _FORMATS
 
     def count_tokens(
         self, conversation: Sequence[Any] | Mapping[str, Any], *, model: str, api: Api = "chat"
@@ -195,7 +194,7 @@ class Engine:
             encoding=self._counter.encoding_name(model), summary_usage=SummaryUsage(),
             fallback=fallback, summary_model=model, summary_state=state,
         )  # fmt: skip
-        history = forwarded.get(_HISTORY[api])
+        history = forwarded.get(wire.history)
         return Compacted(
             body=forwarded,
             messages=list(history) if isinstance(history, list) else [],
@@ -211,13 +210,13 @@ class Engine:
 
 def _body(conversation: Sequence[Any] | Mapping[str, Any], model: str, api: Api) -> dict[str, Any]:
     """The request body: as given (its `model` set when missing), or one around a history."""
-    if api not in _HISTORY:
+    if api not in _FORMATS:
         raise ValueError(f"api must be one of {', '.join(APIS)}, not {api!r}")
     if isinstance(conversation, Mapping):
         return {"model": model, **conversation}
     if isinstance(conversation, str | bytes) or not isinstance(conversation, Sequence):
         raise TypeError("pass a request body (a mapping) or its history (a list of messages)")
-    body: dict[str, Any] = {"model": model, _HISTORY[api]: list(conversation)}
+    body: dict[str, Any] = {"model": model, _FORMATS[api].history: list(conversation)}
     if api == "anthropic":
         body["max_tokens"] = 4096  # required by the Messages API; the answer's reserve
     return body

@@ -5,7 +5,7 @@ request's `Preview`; and what an upstream overflow that states no number teaches
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
@@ -15,7 +15,7 @@ import orjson
 from inflight.compaction.cost_mode import CutFor
 from inflight.compaction.cuts import Cut, cuts_of
 from inflight.compaction.offload import offload
-from inflight.compaction.report import Preview, facts_report, report_headers
+from inflight.compaction.report import Deferred, Preview, facts_report, report_headers
 from inflight.compaction.summary.prompt import SummaryUsage
 from inflight.compaction.wire import Conversation, WireFormat
 from inflight.errors import ContextLengthExceeded
@@ -49,7 +49,7 @@ class Compacted:
     refs: Mapping[str, str] = field(default_factory=dict)
     budget: int = 0  # the window less the output reserve (what restored texts may fill)
     # what starts once the answer is on its way (not after an error): summaries ahead
-    after_answer: tuple[Callable[[], object], ...] = ()
+    after_answer: Deferred = field(default_factory=Deferred)
     client: str = ""  # who sent it (`inflight.credentials.client_identity`): whose window it taught
     economics: Mapping[str, object] | None = None  # the cut's costs and savings (§16)
     cut_for: CutFor | None = None  # why it was cut: to fit, or for cost only (§16)

@@ -3,8 +3,9 @@ bodies of `POST /v1/compaction/preview` and `/count`."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from inflight.compaction.cost_mode import Economics
@@ -15,6 +16,8 @@ from inflight.compaction.summary.prompt import SummaryUsage
 from inflight.compaction.summary.stats import summary_outcome
 from inflight.compaction.wire import Conversation
 
+logger = logging.getLogger(__name__)
+
 # What stood for a compaction event's cut span (DESIGN.md §12): `ready` — made for this request,
 # which waited for it; `cached` — made before; `pending` — being made in the background, the
 # request served without it; `failed` — it failed recently (backed off), served without it.
@@ -22,8 +25,24 @@ SummaryState = Literal["ready", "pending", "cached", "failed"]
 
 
 @dataclass(frozen=True, slots=True)
+class Deferred:
+    """Work a request leaves for later (background summaries, summaries ahead of the next
+    event, a quiet request's plan for the cache), started by one call: `run`. A piece that
+    fails is logged and never stops the others, nor costs the request its answer."""
+
+    work: tuple[Callable[[], object], ...] = ()
+
+    def run(self) -> None:
+        for start in self.work:
+            try:
+                start()
+            except Exception:  # logged: work for later must not fail the request it came with
+                logger.exception("deferred work failed")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Preview:
-    """The outcome of compacting one request, without forwarding it."""
+    """The outcome of compacting one request, without forwarding it (built with keywords)."""
 
     body: dict[str, Any]  # the request without its control keys
     forwarded: dict[str, Any]  # what goes upstream: `body` with the compacted history rendered
@@ -40,8 +59,8 @@ class Preview:
     summary_model: str
     error: str | None = None  # compaction itself failed: what the request got instead, and why
     summary_state: SummaryState | None = None  # when the request's event needed a summary
-    starts: tuple[Callable[[], object], ...] = ()  # the background summaries it starts
-    after: tuple[Callable[[], object], ...] = ()  # what starts once its answer is on its way
+    starts: Deferred = field(default_factory=Deferred)  # the background summaries it starts
+    after: Deferred = field(default_factory=Deferred)  # what starts once its answer is on its way
     # a partial stand-in (app/compaction/summary/partial.py): the share of the cut span's
     # tokens its summary covers
     summary_covers: float | None = None
@@ -49,8 +68,7 @@ class Preview:
 
     def start_background(self) -> None:
         """Start the background summaries this request asked for (once)."""
-        for start in self.starts:
-            start()
+        self.starts.run()
 
     @property
     def changed(self) -> bool:

@@ -28,7 +28,7 @@ from inflight.compaction.policy import Budget, Controls, parse_controls, resolve
 from inflight.compaction.quiet_path import planned_later, quiet_outcome
 from inflight.compaction.rendering import Plan
 from inflight.compaction.replays import ReplayCache, Replays
-from inflight.compaction.report import Preview
+from inflight.compaction.report import Deferred, Preview
 from inflight.compaction.summary.background import BackgroundSummaries
 from inflight.compaction.summary.request import (
     CompleterFactory,
@@ -154,24 +154,24 @@ class CompactionService:
         outcome, error = await self._outcome(job, pipeline, budget)
         stand = outcome.stand
         preview = Preview(
-            cleaned,
-            outcome.forwarded,
-            job.conversation,
-            outcome.result,
-            window.tokens,
-            str(window.source),
-            reserve,
-            cleaned is not body,
-            self._counter.is_exact(model),
-            self._counter.encoding_name(model),
-            outcome.usage,
-            stand.why if stand is not None else None,
-            summary_model,
-            error,
-            stand.state if stand is not None else None,
-            tuple(job.later),
-            tuple(job.after),
-            stand.covers if stand is not None else None,
+            body=cleaned,
+            forwarded=outcome.forwarded,
+            conversation=job.conversation,
+            result=outcome.result,
+            window=window.tokens,
+            limit_source=str(window.source),
+            reserve=reserve,
+            changed_body=cleaned is not body,
+            exact=self._counter.is_exact(model),
+            encoding=self._counter.encoding_name(model),
+            summary_usage=outcome.usage,
+            fallback=stand.why if stand is not None else None,
+            summary_model=summary_model,
+            error=error,
+            summary_state=stand.state if stand is not None else None,
+            starts=Deferred(tuple(job.later)),
+            after=Deferred(tuple(job.after)),
+            summary_covers=stand.covers if stand is not None else None,
             economics=_economics(job, outcome, rule),
         )
         if not forwarding:

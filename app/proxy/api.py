@@ -22,7 +22,6 @@ from inflight.usage.records import Outcome
 if TYPE_CHECKING:
     from inflight.apis.anthropic.context_edits import EditedBody
     from inflight.compaction.compacted import Compacted
-    from inflight.compaction.summary.prompt import SummaryUsage
     from inflight.compaction.wire import WireFormat
 
 # (bytes to forward, the parsed body) -> (bytes asking for stream usage, cut the usage chunk)
@@ -126,32 +125,3 @@ class Exchange:
         """The chat-shaped view of what was sent (for calibrating the counter), if compacted
         and sent once (restore's rounds sum several prompts' usage)."""
         return None if self.compacted is None or self.rounds > 1 else self.compacted.view
-
-    @property
-    def tokens_before(self) -> int:
-        return 0 if self.compacted is None else self.compacted.tokens_before
-
-    @property
-    def tokens_after(self) -> int:
-        return 0 if self.compacted is None else self.compacted.tokens_after
-
-    @property
-    def context_limit(self) -> int | None:
-        return None if self.compacted is None else self.compacted.context_limit
-
-    @property
-    def strategies(self) -> tuple[str, ...]:
-        return () if self.compacted is None else self.compacted.strategies
-
-    @property
-    def summary_usage(self) -> SummaryUsage | None:
-        return None if self.compacted is None else self.compacted.summary_usage
-
-    @property
-    def summary_model(self) -> str | None:
-        return None if self.compacted is None else self.compacted.summary_model
-
-    @property
-    def headers(self) -> Mapping[str, str]:
-        """The `X-Compaction-*` report headers added to the response."""
-        return {} if self.compacted is None else self.compacted.headers

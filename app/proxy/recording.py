@@ -81,10 +81,10 @@ def records_for(exchange: Exchange) -> list[UsageRecord]:
             completion_tokens=usage.completion_tokens if usage else None,
             cached_tokens=usage.cached_tokens if usage else None,
             cache_write_tokens=usage.cache_write_tokens if usage else None,
-            tokens_before=exchange.tokens_before,
-            tokens_after=exchange.tokens_after,
-            strategies=exchange.strategies,
-            context_limit=exchange.context_limit,
+            tokens_before=compacted.tokens_before if compacted is not None else 0,
+            tokens_after=compacted.tokens_after if compacted is not None else 0,
+            strategies=compacted.strategies if compacted is not None else (),
+            context_limit=compacted.context_limit if compacted is not None else None,
             route=exchange.route,
             one_round=one_round(usage),
             cut_for=compacted.cut_for if compacted is not None else None,
@@ -92,9 +92,9 @@ def records_for(exchange: Exchange) -> list[UsageRecord]:
             events=compacted.events if compacted is not None else 0,
         )
     ]
-    summary = exchange.summary_usage
-    if summary is not None:
-        model = exchange.summary_model or exchange.model
+    if compacted is not None:
+        model = compacted.summary_model or exchange.model
+        summary = compacted.summary_usage
         records += summary_records(summary, model, exchange.client_key_id, request_id, now)
     return records
 

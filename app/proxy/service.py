@@ -344,7 +344,8 @@ class ApiService:
         truncated = (
             [("X-Compaction-Upstream-Truncated", "true")] if exchange.upstream_truncated else []
         )
-        return relayed + list(exchange.headers.items()) + truncated
+        report = exchange.compacted.headers if exchange.compacted is not None else {}
+        return relayed + list(report.items()) + truncated
 
     def _relay_stream(
         self,
@@ -409,12 +410,7 @@ class ApiService:
         """The exchange ended (`answered`: what it taught was taken before its last bytes)."""
         compacted = exchange.compacted
         if compacted is not None and 0 < exchange.status < 400:
-            # its answer went out: summaries ahead, a quiet request's plan for the cache
-            for start in compacted.after_answer:
-                try:
-                    start()
-                except Exception:  # logged: it must not cost this answer its usage record
-                    logger.exception("work after the answer of %s failed", exchange.model)
+            compacted.after_answer.run()  # summaries ahead, a quiet request's plan for the cache
         if not answered:
             await self._answered(exchange)
         if self._on_done is not None:

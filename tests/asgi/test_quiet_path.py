@@ -58,14 +58,14 @@ def deferred(compacted: Compacted) -> list[Callable[[], object]]:
     """The plans a quiet request left for after its answer."""
     return [
         start
-        for start in compacted.after_answer
+        for start in compacted.after_answer.work
         if getattr(start, "func", None) is quiet_path._replayed
     ]
 
 
 def others(compacted: Compacted) -> list[Callable[[], object]]:
     """What else starts after its answer (the next event's prediction)."""
-    return [start for start in compacted.after_answer if start not in deferred(compacted)]
+    return [start for start in compacted.after_answer.work if start not in deferred(compacted)]
 
 
 def reported(compacted: Compacted) -> dict[str, str]:
@@ -128,7 +128,7 @@ async def test_a_session_forwards_reports_and_remembers_what_planning_does(
             assert reported(got) == reported(want)
             assert (got.tokens_before, got.tokens_after) == (want.tokens_before, want.tokens_after)
             assert got.strategies == want.strategies
-            assert len(others(got)) == len(want.after_answer)
+            assert len(others(got)) == len(want.after_answer.work)
             assert not deferred(want)
             for start in deferred(got):  # the answer is out
                 start()

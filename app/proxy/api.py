@@ -14,7 +14,7 @@ import orjson
 from inflight.errors import ProxyError
 from inflight.proxy.restore import Dialect
 from inflight.proxy.reuse import Reused
-from inflight.proxy.sse_tap import EventEdit, Usage
+from inflight.proxy.sse_tap import EventEdit, EventReader, Usage
 from inflight.proxy.upstream import Provider
 from inflight.settings import ContextEditsMode
 from inflight.usage.records import Outcome
@@ -59,6 +59,7 @@ class Api:
     route: str  # the client's path, e.g. `/v1/chat/completions` (the usage record's route)
     upstream_path: str  # joined to the upstream's base URL, e.g. `/chat/completions`
     wire: WireFormat  # the adapter the compaction service plans and renders through
+    events: EventReader  # what its streams state: usage, errors, their end
     parse_body: Callable[[bytes], dict[str, Any]]  # parse and check the shape (400 naming why)
     # The checks `parse_body` makes on a body parsed from a remembered one (app/proxy/reuse.py:
     # the next request of a conversation extends the history), of what was parsed now.

@@ -330,9 +330,9 @@ class ApiService:
         if not exchange.stream:
             return exchange.forward, None
         if self.api.stream_usage is None:
-            return exchange.forward, SSETap()
+            return exchange.forward, SSETap(self.api.events)
         forward, strip = self.api.stream_usage(exchange.forward, exchange.sent)
-        return forward, SSETap(strip_usage_chunk=strip)
+        return forward, SSETap(self.api.events, strip_usage_chunk=strip)
 
     @staticmethod
     def _response_headers(exchange: Exchange, upstream: httpx.Response) -> list[tuple[str, str]]:

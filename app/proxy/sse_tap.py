@@ -22,7 +22,7 @@ class Prefill:
         """From a `timings` object; None without a positive count and a finite positive rate."""
         if not isinstance(timings, dict):
             return None
-        tokens, rate = _int_or_none(timings.get("prompt_n")), timings.get("prompt_per_second")
+        tokens, rate = int_or_none(timings.get("prompt_n")), timings.get("prompt_per_second")
         if tokens is None or tokens <= 0 or isinstance(rate, bool):
             return None
         if not isinstance(rate, int | float) or not math.isfinite(rate) or rate <= 0:
@@ -52,9 +52,9 @@ class Usage:
         details = usage.get("prompt_tokens_details")
         cached = details.get("cached_tokens") if isinstance(details, dict) else None
         return cls(
-            _int_or_none(usage.get("prompt_tokens")),
-            _int_or_none(usage.get("completion_tokens")),
-            _int_or_none(cached),
+            int_or_none(usage.get("prompt_tokens")),
+            int_or_none(usage.get("completion_tokens")),
+            int_or_none(cached),
         )
 
     @classmethod
@@ -63,9 +63,9 @@ class Usage:
         details = usage.get("input_tokens_details")
         cached = details.get("cached_tokens") if isinstance(details, dict) else None
         return cls(
-            _int_or_none(usage.get("input_tokens")),
-            _int_or_none(usage.get("output_tokens")),
-            _int_or_none(cached),
+            int_or_none(usage.get("input_tokens")),
+            int_or_none(usage.get("output_tokens")),
+            int_or_none(cached),
         )
 
     @classmethod
@@ -74,13 +74,13 @@ class Usage:
         `cache_read_input_tokens` plus `cache_creation_input_tokens`."""
         if not isinstance(usage, dict):
             return None
-        fresh = _int_or_none(usage.get("input_tokens"))
-        read = _int_or_none(usage.get("cache_read_input_tokens"))
-        written = _int_or_none(usage.get("cache_creation_input_tokens"))
+        fresh = int_or_none(usage.get("input_tokens"))
+        read = int_or_none(usage.get("cache_read_input_tokens"))
+        written = int_or_none(usage.get("cache_creation_input_tokens"))
         parts = [n for n in (fresh, read, written) if n is not None]
         return cls(
             sum(parts) if parts else None,
-            _int_or_none(usage.get("output_tokens")),
+            int_or_none(usage.get("output_tokens")),
             read,
             written,
         )
@@ -159,37 +159,6 @@ def without_tool(holder: Any, name: str) -> dict[str, Any] | None:
     return None if len(kept) == len(tools) else {**holder, "tools": kept}
 
 
-ANTHROPIC_COUNTS = (
-    "input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"
-)  # fmt: skip
-
-
-def anthropic_counts(usage: Usage) -> tuple[int, int, int, int]:
-    """`usage` as Anthropic's four counts, in `ANTHROPIC_COUNTS` order."""
-    read, written = usage.cached_tokens or 0, usage.cache_write_tokens or 0
-    fresh = (usage.prompt_tokens or 0) - read - written
-    return fresh, usage.completion_tokens or 0, read, written
-
-
-def anthropic_summed(event: dict[str, Any], carry: Usage) -> dict[str, Any]:
-    """An Anthropic `message_start` or `message_delta` event stating `carry` (restore's earlier
-    rounds) plus its own usage. Each count the event states becomes the sum; `message_start`
-    also states the cache counts `carry` has and it does not. Clients overwrite the usage of
-    `message_start` with each count a `message_delta` states (the anthropic SDK does), so the
-    message they assemble states the sum of every round."""
-    start = event.get("type") == "message_start"
-    holder = event.get("message") if start else event
-    if not isinstance(holder, dict) or not isinstance(holder.get("usage"), dict):
-        return event
-    usage = dict(holder["usage"])
-    for key, earlier in zip(ANTHROPIC_COUNTS, anthropic_counts(carry), strict=True):
-        own = _int_or_none(usage.get(key))
-        if own is not None or (start and earlier):
-            usage[key] = (own or 0) + earlier
-    holder = {**holder, "usage": usage}
-    return {**event, "message": holder} if start else holder
-
-
 def _first(*values: int | None) -> int | None:
     return next((v for v in values if v is not None), None)
 
@@ -207,12 +176,31 @@ class EventEdit(Protocol):
         ...
 
 
-FINAL_EVENTS = frozenset(
-    {b"response.completed", b"response.failed", b"response.incomplete", b"message_stop"}
-)
+@dataclass(frozen=True, slots=True)
+class Read:
+    """What one parsed event of a stream states (`EventReader.read`)."""
+
+    usage: Usage | None = None  # the stream's own usage so far, when this event states some
+    error: Any = None  # the error it reports, if any
+    shown: dict[str, Any] | None = None  # the event stating `carry` plus its usage (None: as is)
+    usage_only: bool = False  # chat's usage-only chunk (cut when the proxy asked for it)
 
 
-def _int_or_none(value: Any) -> int | None:
+class EventReader(Protocol):
+    """How one API's stream states its usage, its errors and its end (each API's `events.py`
+    under app/apis/): the tap hands it the events that may carry usage or an error."""
+
+    @property
+    def final_events(self) -> frozenset[bytes]:
+        """The `event:` names whose data line ends the answer."""
+        ...
+
+    def read(self, event: dict[str, Any], own: Usage | None, carry: Usage | None) -> Read:
+        """What `event` states, given the stream's own usage so far and restore's `carry`."""
+        ...
+
+
+def int_or_none(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
@@ -234,6 +222,7 @@ class SSETap:
     give the answer's prefill speed, kept with the usage (`Usage.prefill`).
     """
 
+    reader: EventReader  # the API's: what its events state
     strip_usage_chunk: bool = False
     # restore's earlier rounds: added to the usage read, and the chat usage chunk the client
     # sees states the sum (the chunk is re-encoded; every other line passes untouched)
@@ -357,19 +346,10 @@ class SSETap:
             shown["usage"] = self.carry.plus(usage).as_responses(shown.get("usage"))
         self._rewritten = b"data: " + orjson.dumps({**event, "response": shown})
 
-    def _anthropic_usage(self, event: dict[str, Any]) -> None:
-        """Anthropic's stream states usage in `message_start` (inside the message) and completes
-        it in each `message_delta` (output tokens; on newer servers the prompt's parts too)."""
-        holder = event.get("message") if event.get("type") == "message_start" else event
-        usage = Usage.from_anthropic(holder.get("usage") if isinstance(holder, dict) else None)
-        if usage is not None:
-            self._own = usage if self._own is None else self._own.updated(usage)
-            self.usage = self._own if self.carry is None else self.carry.plus(self._own)
-
     def _observe(self, line: bytes) -> bool:
         """Read one line; True when it is the usage-only chunk (to cut when stripping)."""
         if line.startswith(b"event:"):
-            self._final_next = line[6:].strip() in FINAL_EVENTS
+            self._final_next = line[6:].strip() in self.reader.final_events
             return False
         if not line.startswith(b"data:"):
             return False
@@ -402,28 +382,12 @@ class SSETap:
 
     def _read_usage(self, event: dict[str, Any]) -> bool:
         """Read the usage or error of one parsed event; True for chat's usage-only chunk."""
-        if event.get("type") in ("message_start", "message_delta"):
-            self._anthropic_usage(event)
-            if self.carry is not None:  # the client's view states every round's usage
-                self._rewritten = b"data: " + orjson.dumps(anthropic_summed(event, self.carry))
-            return False
-        # A Responses event carries the response object (usage in `response.completed`, the
-        # error in `response.failed`), or is itself an `error` event.
-        response = event.get("response")
-        inner = response if isinstance(response, dict) else event
-        if inner.get("error"):
-            self.error = inner["error"]
-        elif event.get("type") == "error":
-            self.error = event
-        usage = Usage.from_json(inner.get("usage"))
-        if usage is None:
-            return False
-        self.usage = usage if self.carry is None else self.carry.plus(usage)
-        if self.carry is not None and inner is event:  # chat's usage chunk states the sum
-            summed = {**event, "usage": self.usage.as_chat(event.get("usage"))}
-            self._rewritten = b"data: " + orjson.dumps(summed)
-        elif self.carry is not None and self._rewritten is None:  # a Responses response object
-            shown = {**inner, "usage": self.usage.as_responses(inner.get("usage"))}
-            self._rewritten = b"data: " + orjson.dumps({**event, "response": shown})
-        choices = event.get("choices")
-        return not choices and "type" not in event  # a chat usage-only chunk (never an event)
+        read = self.reader.read(event, self._own, self.carry)
+        if read.error is not None:
+            self.error = read.error
+        if read.usage is not None:
+            self._own = read.usage
+            self.usage = read.usage if self.carry is None else self.carry.plus(read.usage)
+        if read.shown is not None and self._rewritten is None:  # the client sees the sum
+            self._rewritten = b"data: " + orjson.dumps(read.shown)
+        return read.usage_only

@@ -17,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from inflight.apis.chat.events import EVENTS as CHAT_EVENTS
 from inflight.compaction.cost_mode import PrefillRates
 from inflight.factory import create_app
 from inflight.proxy.sse_tap import Prefill, SSETap
@@ -115,7 +116,7 @@ def test_the_tap_keeps_a_streams_timings_with_its_usage(with_usage: bool) -> Non
         stream = chunk(**last) + chunk(choices=[], usage=usage, timings=timings(1000, 640.0))
     else:  # an older server: usage and timings on the last chunk, in either order of reading
         stream = chunk(**last, timings=timings(1000, 640.0)) + chunk(choices=[], usage=usage)
-    tap = SSETap(strip_usage_chunk=with_usage)
+    tap = SSETap(CHAT_EVENTS, strip_usage_chunk=with_usage)
     out = tap.feed(stream + b"data: [DONE]\n\n") + tap.flush()
     assert tap.usage is not None
     assert tap.usage.prompt_tokens == 1000

@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 import orjson
 
 from inflight.apis.anthropic.context_edits import EditedBody, apply_edits
+from inflight.apis.anthropic.events import EVENTS
 from inflight.apis.anthropic.format import MessagesFormat
 from inflight.apis.anthropic.restore import MessagesDialect
 from inflight.errors import ProxyError
@@ -113,6 +114,7 @@ API = Api(
     route="/v1/messages",
     upstream_path="/messages",
     wire=MessagesFormat(),
+    events=EVENTS,
     parse_body=parse_streamable_body,
     check_rest=check_model_rest,
     usage=Usage.from_anthropic,

@@ -9,6 +9,7 @@ from typing import Any
 
 import orjson
 
+from inflight.apis.anthropic.events import ANTHROPIC_COUNTS, anthropic_counts
 from inflight.proxy.restore import (
     DESCRIPTION,
     NO_ANSWER,
@@ -20,7 +21,7 @@ from inflight.proxy.restore import (
     hashable,
     names_tool,
 )
-from inflight.proxy.sse_tap import ANTHROPIC_COUNTS, Usage, anthropic_counts
+from inflight.proxy.sse_tap import Usage
 
 THINKING = ("thinking", "redacted_thinking")  # signed: passed back as they came
 KEPT = (*THINKING, "text")  # blocks the appended turn keeps

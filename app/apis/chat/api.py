@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 
+from inflight.apis.chat.events import EVENTS
 from inflight.apis.chat.format import ChatFormat
 from inflight.apis.chat.restore import ChatDialect
 from inflight.proxy.api import Api
@@ -35,6 +36,7 @@ API = Api(
     route="/v1/chat/completions",
     upstream_path="/chat/completions",
     wire=ChatFormat(),
+    events=EVENTS,
     parse_body=parse_chat_body,
     check_rest=check_chat_rest,
     history_is_view=True,

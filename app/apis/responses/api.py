@@ -7,6 +7,7 @@ never asked for it; errors use OpenAI's envelope (the default).
 
 from __future__ import annotations
 
+from inflight.apis.responses.events import EVENTS
 from inflight.apis.responses.format import ResponsesFormat
 from inflight.apis.responses.restore import ResponsesDialect
 from inflight.proxy.api import Api
@@ -16,6 +17,7 @@ API = Api(
     route="/v1/responses",
     upstream_path="/responses",
     wire=ResponsesFormat(),
+    events=EVENTS,
     parse_body=parse_streamable_body,
     check_rest=check_model_rest,
     restore=ResponsesDialect(),

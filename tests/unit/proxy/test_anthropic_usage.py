@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from inflight.apis.anthropic.events import EVENTS as ANTHROPIC_EVENTS
 from inflight.cli.stats_table import render_stats
 from inflight.proxy.sse_tap import SSETap, Usage
 from inflight.usage.metrics import Metrics
@@ -89,7 +90,7 @@ def test_json_usage_counts_cache_reads_and_writes_in_the_prompt() -> None:
 
 @given(cuts=st.lists(st.integers(1, len(STREAM) - 1), max_size=12, unique=True))
 def test_stream_usage_from_message_start_and_message_delta(cuts: list[int]) -> None:
-    tap = SSETap()
+    tap = SSETap(ANTHROPIC_EVENTS)
     relayed = b""
     edges = [0, *sorted(cuts), len(STREAM)]
     for a, b in itertools.pairwise(edges):
@@ -103,14 +104,14 @@ def test_stream_usage_from_message_start_and_message_delta(cuts: list[int]) -> N
 def test_a_newer_message_delta_restating_the_prompt_wins() -> None:
     restated = {"output_tokens": 80, "input_tokens": 20, "cache_read_input_tokens": 40_000}
     stream = STREAM.replace(b'"usage":{"output_tokens":57}', b'"usage":' + orjson.dumps(restated))
-    tap = SSETap()
+    tap = SSETap(ANTHROPIC_EVENTS)
     tap.feed(stream)
     assert tap.usage == Usage(40_020, 80, 40_000, 3000)
 
 
 def test_an_error_event_is_seen() -> None:
     error = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
-    tap = SSETap()
+    tap = SSETap(ANTHROPIC_EVENTS)
     tap.feed(STREAM.split(b"event: content_block_start")[0] + event("error", error))
     assert tap.error == error["error"]
     assert not tap.done

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from inflight.apis.responses.events import EVENTS as RESPONSES_EVENTS
 from inflight.proxy.service import usage_from_json
 from inflight.proxy.sse_tap import SSETap, Usage
 
@@ -53,7 +54,7 @@ def test_chat_usage_still_wins_when_both_spellings_are_there() -> None:
 def test_usage_from_response_completed_however_the_stream_is_cut(cuts: list[int]) -> None:
     data = stream()
     for strip in (False, True):  # nothing of a Responses stream is ever cut out
-        tap = SSETap(strip_usage_chunk=strip)
+        tap = SSETap(RESPONSES_EVENTS, strip_usage_chunk=strip)
         out = b""
         start = 0
         for cut in sorted(c % (len(data) + 1) for c in cuts):
@@ -89,7 +90,7 @@ def test_usage_from_response_completed_however_the_stream_is_cut(cuts: list[int]
     ],
 )
 def test_error_events_are_seen(frame: bytes) -> None:
-    tap = SSETap()
+    tap = SSETap(RESPONSES_EVENTS)
     assert tap.feed(frame) == frame
     assert tap.error is not None
     assert tap.usage is None

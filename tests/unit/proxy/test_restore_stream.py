@@ -8,7 +8,9 @@ from collections.abc import AsyncIterator
 import orjson
 import pytest
 
+from inflight.apis.anthropic.events import EVENTS as ANTHROPIC_EVENTS
 from inflight.apis.anthropic.restore import MessagesDialect
+from inflight.apis.chat.events import EVENTS as CHAT_EVENTS
 from inflight.apis.chat.restore import ChatDialect
 from inflight.proxy.restore_stream import _events, _first_kind
 from inflight.proxy.sse_tap import SSETap, Usage
@@ -75,13 +77,13 @@ def test_the_usage_chunk_states_the_sum_of_every_round() -> None:
     usage_line = sse(
         {"id": "x", "choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 3}}
     )
-    tap = SSETap(carry=Usage(100, 20))
+    tap = SSETap(CHAT_EVENTS, carry=Usage(100, 20))
     out = b"".join(tap.feed(p) for p in (TEXT, usage_line[:9], usage_line[9:])) + tap.flush()
     assert out.startswith(TEXT)  # every other line passes untouched
     summed = orjson.loads(out[len(TEXT) :].split(b"\n")[0][6:])
     assert summed["usage"] == {"prompt_tokens": 107, "completion_tokens": 23, "total_tokens": 130}
     assert tap.usage == Usage(107, 23)
-    stripped = SSETap(strip_usage_chunk=True, carry=Usage(100, 20))
+    stripped = SSETap(CHAT_EVENTS, strip_usage_chunk=True, carry=Usage(100, 20))
     assert stripped.feed(TEXT + usage_line) == TEXT  # not asked for: still cut, still counted
     assert stripped.usage == Usage(107, 23)
 
@@ -111,7 +113,7 @@ def test_an_anthropic_stream_states_the_sum_of_every_round(full_delta: bool) -> 
         + anthropic_event("message_stop", {"type": "message_stop"})
     )
     # earlier rounds: 100 fresh + 20 cache reads + 30 cache writes in, 40 out
-    tap = SSETap(carry=Usage(150, 40, 20, 30))
+    tap = SSETap(ANTHROPIC_EVENTS, carry=Usage(150, 40, 20, 30))
     out = b"".join(tap.feed(stream[at : at + 5]) for at in range(0, len(stream), 5)) + tap.flush()
     assert text in out  # every other line passes untouched
     events = [orjson.loads(line[6:]) for line in out.splitlines() if line.startswith(b"data: ")]
@@ -165,7 +167,7 @@ def test_dropped_calls_leave_a_well_formed_stream_however_it_is_cut() -> None:
     )
     outputs = set()
     for size in (1, 7, len(stream)):
-        tap = SSETap(edit=MessagesDialect().stray())
+        tap = SSETap(ANTHROPIC_EVENTS, edit=MessagesDialect().stray())
         pieces = [stream[at : at + size] for at in range(0, len(stream), size)]
         outputs.add(b"".join(tap.feed(p) for p in pieces) + tap.flush())
     (out,) = outputs

@@ -5,7 +5,7 @@ request's `Preview`; and what an upstream overflow that states no number teaches
 from __future__ import annotations
 
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any

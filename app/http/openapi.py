@@ -1,7 +1,7 @@
 """OpenAPI documentation of the proxy's own routes, whose handlers read the raw body themselves:
 the pieces every API's documentation shares (the error envelope, the compaction controls in a
-body and in headers) and the operational routes. Each API's own schemas are in
-openapi_chat.py, openapi_responses.py and openapi_compaction.py."""
+body and in headers) and the operational routes. Each API's own schema is its package's
+`openapi.py` (app/apis/); the compaction endpoints' are in openapi_compaction.py."""
 
 from __future__ import annotations
 

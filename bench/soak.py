@@ -27,7 +27,7 @@ KEYS = 20
 CONCURRENCY = 16
 STEP = 1000  # requests per printed row
 CONTEXT_LIMIT = 8000  # X-Compaction-Context-Limit: the transcripts pass it within a few turns
-PLATEAU = 0.05  # growth of RSS over the run's second half that still counts as level
+PLATEAU = 0.25  # MiB of RSS per 1,000 requests over the run's last quarter that count as level
 STREAM_EVERY = 4  # one request in four streams
 
 
@@ -128,15 +128,17 @@ async def _drive(url: str, pid: int, total: int) -> _Run:
 
 
 def _verdict(rows: Sequence[tuple[int, float, float, float]]) -> str:
-    if len(rows) < 3:
-        return "Too few rows for a verdict (run at least 2,000 requests)."
-    middle = rows[len(rows) // 2][1]
-    last = rows[-1][1]
-    growth = (last - middle) / middle
-    level = "levels off" if growth < PLATEAU else "is still growing"
+    """Level or not, from the last quarter of the run: a plateau is a slope, not a share of
+    the second half (a ramp in the middle of a long run passes that; a slow climb does too)."""
+    if len(rows) < 5:
+        return "Too few rows for a verdict (run at least 4,000 requests)."
+    (first, start, _, _), (last, end, _, _) = rows[len(rows) * 3 // 4], rows[-1]
+    slope = (end - start) / (last - first) * 1000
+    level = "levels off" if slope < PLATEAU else "is still growing"
     return (
-        f"RSS over the second half: {middle:.0f} → {last:.0f} MiB ({growth:+.1%}; level below "
-        f"{PLATEAU:.0%}): memory **{level}**."
+        f"RSS over the last quarter ({first:,} → {last:,} requests): {start:.0f} → {end:.0f} "
+        f"MiB, {slope:+.2f} MiB per 1,000 requests (level below {PLATEAU:g}): memory "
+        f"**{level}**."
     )
 
 

@@ -55,7 +55,7 @@ def main() -> None:
         help="the hot path's passes per build (its ratios are the median pass's)",
     )
     parser.add_argument(
-        "--soak-requests", type=int, default=20_000, help="the soak section's requests"
+        "--soak-requests", type=int, default=40_000, help="the soak section's requests"
     )
     parser.add_argument("--no-litellm", action="store_true", help="skip the LiteLLM comparison")
     parser.add_argument("--only", choices=SECTIONS, action="append", help="run only these")

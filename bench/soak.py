@@ -142,7 +142,7 @@ def _verdict(rows: Sequence[tuple[int, float, float, float]]) -> str:
     )
 
 
-def report(upstream_url: str, total: int = 20_000) -> str:
+def report(upstream_url: str, total: int = 40_000) -> str:
     """The soak table: RSS, p50 and p99 per `STEP` requests, and the plateau verdict."""
     env = {"INFLIGHT_DATABASE_URL": "none"}
     with proxy_process(upstream_url, env) as (url, pid):
@@ -167,4 +167,4 @@ if __name__ == "__main__":
     from bench.procs import fake_upstream
 
     with fake_upstream() as upstream:
-        print(report(upstream, int(sys.argv[1]) if len(sys.argv) > 1 else 20_000))
+        print(report(upstream, int(sys.argv[1]) if len(sys.argv) > 1 else 40_000))

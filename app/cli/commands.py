@@ -120,7 +120,13 @@ def _stats(args: argparse.Namespace) -> int:
             finally:
                 await store.close()
 
-        stats = asyncio.run(read())
+        from inflight.errors import StoreUnavailable
+
+        try:
+            stats = asyncio.run(read())
+        except StoreUnavailable as exc:
+            print(f"inflight: the usage store is unavailable: {exc.message}", file=sys.stderr)
+            return 1
     else:
         headers = {"authorization": f"Bearer {args.key}"} if args.key else {}
         try:

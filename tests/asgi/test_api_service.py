@@ -50,6 +50,7 @@ async def client(tmp_path: Path, fake: FakeUpstream) -> AsyncIterator[httpx.Asyn
         route="/custom",
         upstream_path="/chat/completions",
         wire=CHAT_API.wire,
+        events=CHAT_API.events,
         parse_body=strict_body,
         error_body=own_envelope,
     )

@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from inflight import __version__
-from inflight.apis.registry import APIS
+from inflight.apis.registry import APIS, route_names
 from inflight.banner import log_banner
 from inflight.compaction.cost_mode import PrefillRates
 from inflight.compaction.service import CompactionService
@@ -313,7 +313,9 @@ def create_app(
     )
     named = [entry.pattern for entry in table.model] + [m for p in prices.price for m in p.models]
     labels = ModelLabels(literal_names(named), settings.metrics_top_models)
-    metrics = Metrics(lambda: queue.depth, counter.calibration_factors, summary_stats, labels)
+    metrics = Metrics(
+        lambda: queue.depth, counter.calibration_factors, summary_stats, labels, route_names()
+    )
 
     prefill = PrefillRates()
     submit, (on_answer, on_done) = _recording(

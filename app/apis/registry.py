@@ -41,3 +41,8 @@ APIS: Mapping[ApiName, ServedApi] = MappingProxyType(
         ),
     }
 )
+
+
+def route_names() -> dict[str, str]:
+    """Each compacting route's API name (how `/stats` and `/metrics` name a record's route)."""
+    return {served.api.route: name for name, served in APIS.items()}

@@ -110,13 +110,15 @@ def _stats(args: argparse.Namespace) -> int:
     if args.database_url:
         import asyncio
 
+        from inflight.apis.registry import route_names
+        from inflight.usage.records import name_apis
         from inflight.usage.stores import open_store
 
         async def read() -> dict[str, Any]:
             store = open_store(args.database_url)
             await store.open()
             try:
-                return await store.totals()
+                return name_apis(await store.totals(), route_names())
             finally:
                 await store.close()
 

@@ -3,7 +3,7 @@ labels from a bounded set (app/usage/labels.py), since clients choose model name
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -18,7 +18,7 @@ from prometheus_client.registry import Collector
 
 from inflight.compaction.summary.stats import SummaryStats
 from inflight.usage.labels import OTHER, ModelLabels
-from inflight.usage.records import UsageRecord, api_of
+from inflight.usage.records import UsageRecord, api_route
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
@@ -89,8 +89,10 @@ class Metrics:
         calibration: Callable[[], dict[str, float]],
         summary_stats: SummaryStats | None = None,
         labels: ModelLabels | None = None,
+        api_names: Mapping[str, str] | None = None,
     ) -> None:
         self.labels = labels if labels is not None else ModelLabels((), 20)
+        self.api_names = api_names or {}  # route -> API name (the registry's): the `api` label
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.summary_stats = summary_stats if summary_stats is not None else SummaryStats()
@@ -168,7 +170,8 @@ class Metrics:
             self._tokens(model, record)
             return
         self.requests.labels(model, str(record.status), str(record.stream).lower()).inc()
-        self.apis.labels(api_of(record.route), str(record.status)).inc()
+        route = api_route(record.route)
+        self.apis.labels(self.api_names.get(route, route), str(record.status)).inc()
         self.latency.labels(model).observe(record.latency_ms / 1000)
         if record.ttfb_ms is not None:
             self.ttfb.labels(model).observe(record.ttfb_ms / 1000)

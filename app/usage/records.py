@@ -7,7 +7,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -21,19 +21,24 @@ logger = logging.getLogger(__name__)
 
 Outcome = Literal["completed", "client_disconnected", "upstream_error", "rejected"]
 Kind = Literal["chat", "summary", "passthrough"]
-# The compacting routes (a `chat` record's route says which API it spoke); records from before
-# routes were recorded were all chat completions.
-API_ROUTES = {
-    "/v1/chat/completions": "chat",
-    "/v1/responses": "responses",
-    "/v1/messages": "messages",
-}
-APIS = tuple(API_ROUTES.values())
+# Records from before routes were recorded were all chat completions.
+LEGACY_ROUTE = "/v1/chat/completions"
 
 
-def api_of(route: str | None) -> str:
-    """`chat`, `responses` or `messages`: the API a client request on a compacting route spoke."""
-    return API_ROUTES.get(route or "", "chat")
+def api_route(route: str | None) -> str:
+    """The compacting route a `chat` record came by (`LEGACY_ROUTE` for one without)."""
+    return route or LEGACY_ROUTE
+
+
+def name_apis(stats: dict[str, Any], names: Mapping[str, str]) -> dict[str, Any]:
+    """`stats` with its `apis` table keyed by API name (`names`: route -> name, from the API
+    registry) instead of route, every named API present; a route no name knows keeps its own."""
+    by_route: Mapping[str, dict[str, int]] = stats.get("apis", {})
+    named = {name: {"requests": 0, "tokens_in": 0, "tokens_out": 0, "tokens_cached": 0}
+             for name in names.values()}  # fmt: skip
+    for route, entry in by_route.items():
+        named[names.get(route, route)] = entry
+    return {**stats, "apis": named}
 
 
 @dataclass(frozen=True, slots=True)

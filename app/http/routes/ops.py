@@ -10,6 +10,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from inflight.http import openapi
 from inflight.http.state import ClientKey, State
+from inflight.usage.records import name_apis
 
 router = APIRouter()
 
@@ -30,7 +31,8 @@ async def readyz(state: State) -> JSONResponse:
 
 @router.get("/stats", openapi_extra=openapi.STATS)
 async def stats(state: State, client: ClientKey) -> dict[str, Any]:
-    totals = await state.store.totals()
+    names = {service.api.route: name for name, service in state.apis.items()}
+    totals = name_apis(await state.store.totals(), names)
     labels = state.metrics.labels  # per-model tables bounded as /metrics' labels are
     return {
         **totals,

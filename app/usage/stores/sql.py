@@ -7,7 +7,7 @@ from typing import Any
 
 from inflight.usage.costs import DIGITS
 from inflight.usage.ledger import LATE_FIELDS, LedgerRow, LedgerUpdate, with_late_fields
-from inflight.usage.records import APIS, UsageRecord, api_of
+from inflight.usage.records import UsageRecord, api_route
 
 SCHEMA_VERSION = 7
 
@@ -324,7 +324,7 @@ def _api_entry() -> dict[str, int]:
 
 def _add_api(apis: dict[str, dict[str, int]], row: Sequence[Any]) -> None:
     route, n, p, c, cached = row[4:9]
-    api = apis[api_of(route)]
+    api = apis.setdefault(api_route(route), _api_entry())
     api["requests"] += n
     api["tokens_in"] += int(p)
     api["tokens_out"] += int(c)
@@ -371,7 +371,7 @@ def summarize(
         "tokens_estimated_before": 0, "by_status": {}, "by_outcome": {}}  # fmt: skip
     models: dict[str, dict[str, Any]] = {}
     passthrough = _passthrough_entry()
-    apis = {name: _api_entry() for name in APIS}
+    apis: dict[str, dict[str, int]] = {}  # by route: the edge names them (`name_apis`)
     for row in groups:
         model, kind, status, outcome, route, n, p, c, cached = row[:9]
         if kind == "passthrough":

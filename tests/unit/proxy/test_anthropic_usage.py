@@ -141,7 +141,7 @@ async def test_stats_total_cache_writes_and_reads(tmp_path: Path) -> None:
         await store.close()
     assert stats["tokens_cached"] == 80_000
     assert stats["tokens_cache_write"] == 3000
-    assert stats["apis"]["messages"]["tokens_in"] == 86_024
+    assert stats["apis"]["/v1/messages"]["tokens_in"] == 86_024
     assert "cached 80.0k   cache writes 3.0k" in render_stats(stats)
 
 

@@ -98,6 +98,8 @@ def test_error_events_are_seen(frame: bytes) -> None:
 
 def test_stats_count_each_compacting_api_apart() -> None:
     """`/stats` `apis` (DESIGN.md §2): requests and tokens per API, by the record's route."""
+    from inflight.apis.registry import route_names
+    from inflight.usage.records import name_apis
     from inflight.usage.stores.sql import summarize
 
     groups = [
@@ -110,7 +112,13 @@ def test_stats_count_each_compacting_api_apart() -> None:
         ("", "passthrough", 200, "completed", "/v1/models", 4, 0, 0, 0, 0, 0),
     ]
     stats = summarize(groups, [], [])
-    assert stats["apis"] == {
+    assert stats["apis"] == {  # by route in the store
+        "/v1/chat/completions": {"requests": 4, "tokens_in": 300, "tokens_out": 30,
+                                 "tokens_cached": 100},
+        "/v1/responses": {"requests": 3, "tokens_in": 1200, "tokens_out": 14,
+                          "tokens_cached": 1024},
+    }  # fmt: skip
+    assert name_apis(stats, route_names())["apis"] == {  # by name at the edge, every API there
         "chat": {"requests": 4, "tokens_in": 300, "tokens_out": 30, "tokens_cached": 100},
         "responses": {"requests": 3, "tokens_in": 1200, "tokens_out": 14, "tokens_cached": 1024},
         "messages": {"requests": 0, "tokens_in": 0, "tokens_out": 0, "tokens_cached": 0},
@@ -130,7 +138,9 @@ def test_metrics_count_each_compacting_api_apart() -> None:
             strategies=(), context_limit=None, route=route,
         )  # fmt: skip
 
-    metrics = Metrics(lambda: 0, dict)
+    from inflight.apis.registry import route_names
+
+    metrics = Metrics(lambda: 0, dict, api_names=route_names())
     metrics.observe(record("/v1/responses"))
     metrics.observe(record("/v1/responses", status=400))
     metrics.observe(record("/v1/chat/completions"))

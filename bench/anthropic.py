@@ -28,7 +28,7 @@ from inflight.tokens.counter import ChatTokenCounter
 from inflight.tokens.encodings import load_encodings
 from tests.support import load_traces, request_points
 from tests.support.anthropic_conversations import from_chat
-from tests.support.fake_anthropic_upstream import all_blocks, content_blocks, rule_violations
+from tests.support.fakes.anthropic import all_blocks, content_blocks, rule_violations
 
 Count = Callable[[Mapping[str, Any]], int]
 PIPELINE = ("truncate", "prune", "trim")

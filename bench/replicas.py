@@ -50,7 +50,7 @@ class BillingUpstream:
     served: int = 0
 
     def billed(self, messages: Sequence[Mapping[str, Any]]) -> int:
-        from tests.support.fake_upstream import reference_tokens
+        from tests.support.fakes.chat import reference_tokens
 
         base = reference_tokens([dict(m) for m in messages])
         rate = 1.0 + self.drift * self.served

@@ -15,7 +15,7 @@ from inflight import factory
 from inflight.factory import create_app
 from inflight.settings import Settings
 from inflight.tokens.encodings import load_encodings
-from tests.support.fake_upstream import FakeUpstream
+from tests.support.fakes import FakeUpstream
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -24,13 +24,8 @@ from inflight.settings import Settings
 from tests.conftest import make_settings
 from tests.support import load_traces
 from tests.support.anthropic_conversations import from_chat
-from tests.support.fake_anthropic_upstream import (
-    SUMMARY_REPLY,
-    FakeAnthropic,
-    all_blocks,
-    prompt_tokens,
-    rule_violations,
-)
+from tests.support.fakes import FakeUpstream
+from tests.support.fakes.anthropic import SUMMARY_REPLY, all_blocks, prompt_tokens, rule_violations
 from tests.support.servers import WatchedStore
 
 pytestmark = pytest.mark.anyio
@@ -81,8 +76,8 @@ def agent_body(rounds: int = 30, size: int = 3000) -> dict[str, Any]:
 
 
 @pytest.fixture
-def fake() -> FakeAnthropic:
-    return FakeAnthropic()
+def fake() -> FakeUpstream:
+    return FakeUpstream()
 
 
 @pytest.fixture
@@ -97,7 +92,7 @@ def settings(tmp_path: Path) -> Settings:
 
 @pytest.fixture
 async def app(
-    settings: Settings, fake: FakeAnthropic, store: WatchedStore
+    settings: Settings, fake: FakeUpstream, store: WatchedStore
 ) -> AsyncIterator[FastAPI]:
     application = create_app(settings, transport=httpx.ASGITransport(app=fake.app), store=store)
     async with application.router.lifespan_context(application):
@@ -121,17 +116,17 @@ def assert_anthropic_error(response: httpx.Response, status: int, kind: str) -> 
 
 
 async def test_a_request_that_fits_goes_up_byte_for_byte_with_its_headers(
-    client: httpx.AsyncClient, fake: FakeAnthropic, store: WatchedStore
+    client: httpx.AsyncClient, fake: FakeUpstream, store: WatchedStore
 ) -> None:
     raw = b'{ "model":"claude-sonnet-4-5", "max_tokens": 64,\n "messages":[{"role":"user","content":"Hi"}], "x_new": 1}'
-    fake.cache_read, fake.cache_write = 10, 5
+    fake.cached_tokens, fake.cache_write_tokens = 10, 5
     response = await post(client, raw, **{"anthropic-beta": "prompt-caching-2024-07-31"})
     assert response.status_code == 200, response.text
     assert response.json()["content"][0]["text"] == "Hello from Claude"
     assert response.headers["x-compaction-applied"] == "none"
     assert response.headers["x-compaction-context-limit"] == "200000"
     sent = fake.messages_requests[0]
-    assert sent.raw == raw
+    assert sent.body == raw
     assert sent.headers["x-api-key"] == "sk-ant-client"
     assert sent.headers["anthropic-version"] == "2023-06-01"
     assert sent.headers["anthropic-beta"] == "prompt-caching-2024-07-31"
@@ -144,7 +139,7 @@ async def test_a_request_that_fits_goes_up_byte_for_byte_with_its_headers(
 
 
 async def test_a_long_session_is_compacted_within_anthropics_rules(
-    client: httpx.AsyncClient, fake: FakeAnthropic
+    client: httpx.AsyncClient, fake: FakeUpstream
 ) -> None:
     body = agent_body()
     response = await post(client, body, **{"x-compaction-context-limit": "16000"})
@@ -164,9 +159,9 @@ async def test_a_long_session_is_compacted_within_anthropics_rules(
 
 
 async def test_a_stream_is_relayed_and_its_usage_recorded(
-    client: httpx.AsyncClient, fake: FakeAnthropic, store: WatchedStore
+    client: httpx.AsyncClient, fake: FakeUpstream, store: WatchedStore
 ) -> None:
-    fake.cache_read, fake.cache_write = 3, 2
+    fake.cached_tokens, fake.cache_write_tokens = 3, 2
     body = {**SMALL, "stream": True}
     response = await post(client, body)
     assert response.status_code == 200
@@ -181,11 +176,11 @@ async def test_a_stream_is_relayed_and_its_usage_recorded(
     assert record.prompt_tokens == fake_prompt(fake)
 
 
-def fake_prompt(fake: FakeAnthropic) -> int:
+def fake_prompt(fake: FakeUpstream) -> int:
     return prompt_tokens(fake.messages_requests[-1].json())
 
 
-async def test_the_configured_key_replaces_the_clients(tmp_path: Path, fake: FakeAnthropic) -> None:
+async def test_the_configured_key_replaces_the_clients(tmp_path: Path, fake: FakeUpstream) -> None:
     settings = make_settings(
         tmp_path, anthropic_upstream_url=ANTHROPIC, anthropic_api_key="sk-ant-operator"
     )
@@ -204,7 +199,7 @@ def _client(app: FastAPI) -> httpx.AsyncClient:
 
 @pytest.mark.parametrize("where", ["x-api-key", "authorization"])
 async def test_proxy_keys_are_accepted_in_x_api_key_or_bearer(
-    tmp_path: Path, fake: FakeAnthropic, where: str
+    tmp_path: Path, fake: FakeUpstream, where: str
 ) -> None:
     settings = make_settings(tmp_path, anthropic_upstream_url=ANTHROPIC, api_keys="proxy-key")
     app = create_app(settings, transport=httpx.ASGITransport(app=fake.app))
@@ -227,7 +222,7 @@ async def test_errors_the_proxy_makes_are_in_anthropics_envelope(
     assert_anthropic_error(await post(client, b"{nope"), 400, "invalid_request_error")
     assert_anthropic_error(await post(client, {"messages": []}), 400, "invalid_request_error")
     settings = make_settings(tmp_path, anthropic_upstream_url=ANTHROPIC, max_body_bytes=100)
-    app = create_app(settings, transport=httpx.ASGITransport(app=FakeAnthropic().app))
+    app = create_app(settings, transport=httpx.ASGITransport(app=FakeUpstream().app))
     async with app.router.lifespan_context(app), _client(app) as small:
         too_big = await post(small, agent_body(rounds=2))
     assert_anthropic_error(too_big, 413, "request_too_large")
@@ -255,10 +250,10 @@ async def test_an_unreachable_or_slow_upstream_is_an_anthropic_error(
 
 
 async def test_upstream_errors_are_relayed_as_they_are(
-    client: httpx.AsyncClient, fake: FakeAnthropic
+    client: httpx.AsyncClient, fake: FakeUpstream
 ) -> None:
     error = b'{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}'
-    fake.error = (529, error)
+    fake.error = (529, error, {})
     response = await post(client, SMALL)
     assert response.status_code == 529
     assert response.content == error
@@ -284,14 +279,14 @@ async def test_a_model_routed_in_the_table_goes_to_its_upstream(tmp_path: Path) 
 
 
 async def test_an_overflow_teaches_the_window_and_the_request_is_retried_once(
-    client: httpx.AsyncClient, fake: FakeAnthropic, store: WatchedStore
+    client: httpx.AsyncClient, fake: FakeUpstream, store: WatchedStore
 ) -> None:
-    fake.window = 30_000  # the table says 200k
+    fake.context_window = 30_000  # the table says 200k
     response = await post(client, agent_body(rounds=40))
     assert response.status_code == 200, response.text
     first, retry = fake.messages_requests
     assert fake.rejected[0].startswith("prompt is too long")
-    assert len(retry.raw) < len(first.raw)
+    assert len(retry.body) < len(first.body)
     assert response.headers["x-compaction-context-limit"] == "30000"
     assert rule_violations(retry.json()) == []
     (record,) = await store.written(1)
@@ -299,7 +294,7 @@ async def test_an_overflow_teaches_the_window_and_the_request_is_retried_once(
 
 
 async def test_summaries_are_asked_of_the_anthropic_upstream_with_the_clients_key(
-    client: httpx.AsyncClient, fake: FakeAnthropic
+    client: httpx.AsyncClient, fake: FakeUpstream
 ) -> None:
     body = agent_body()
     body["messages"].append({"role": "assistant", "content": "Done."})
@@ -333,7 +328,7 @@ async def test_the_1m_beta_unlocks_the_1m_window(client: httpx.AsyncClient) -> N
 
 
 async def test_a_bad_body_is_forwarded_when_it_fits_and_a_400_naming_the_field_when_it_must_be_compacted(
-    client: httpx.AsyncClient, fake: FakeAnthropic
+    client: httpx.AsyncClient, fake: FakeUpstream
 ) -> None:
     small = {**SMALL, "messages": [{"role": "user", "content": [{"type": "tool_use", "id": "x"}]}]}
     forwarded = await post(client, small)
@@ -341,18 +336,18 @@ async def test_a_bad_body_is_forwarded_when_it_fits_and_a_400_naming_the_field_w
     assert fake.messages_requests[-1].json() == small
     body = agent_body()
     body["messages"][4]["content"].append({"type": "tool_use", "id": "t", "name": "n", "input": {}})
-    count = len(fake.received)
+    count = len(fake.requests)
     refused = await post(client, body, **{"x-compaction-context-limit": "16000"})
     message = assert_anthropic_error(refused, 400, "invalid_request_error")
     assert message.startswith("messages.4.content.1.type: ")
-    assert len(fake.received) == count  # never sent
+    assert len(fake.requests) == count  # never sent
     no_max = {k: v for k, v in agent_body().items() if k != "max_tokens"}
     refused = await post(client, no_max, **{"x-compaction-context-limit": "16000"})
     assert "max_tokens" in assert_anthropic_error(refused, 400, "invalid_request_error")
 
 
 async def test_count_tokens_passes_through_to_the_anthropic_upstream(
-    tmp_path: Path, fake: FakeAnthropic
+    tmp_path: Path, fake: FakeUpstream
 ) -> None:
     settings = make_settings(
         tmp_path, anthropic_upstream_url=ANTHROPIC, anthropic_api_key="sk-ant-operator"
@@ -368,16 +363,16 @@ async def test_count_tokens_passes_through_to_the_anthropic_upstream(
         )
         // 4
     }
-    (sent,) = fake.received
+    (sent,) = fake.requests
     assert sent.path == "/v1/messages/count_tokens"
-    assert sent.raw == raw
+    assert sent.body == raw
     assert sent.headers["x-api-key"] == "sk-ant-operator"
 
 
 async def test_stats_count_the_messages_api(
-    client: httpx.AsyncClient, fake: FakeAnthropic, store: WatchedStore
+    client: httpx.AsyncClient, fake: FakeUpstream, store: WatchedStore
 ) -> None:
-    fake.cache_read, fake.cache_write = 10, 2
+    fake.cached_tokens, fake.cache_write_tokens = 10, 2
     await post(client, SMALL)
     await store.written(1)
     stats = (await client.get("/stats")).json()
@@ -389,7 +384,7 @@ async def test_stats_count_the_messages_api(
 
 
 async def test_a_shipped_transcript_in_claude_codes_shape_is_accepted_turn_after_turn(
-    client: httpx.AsyncClient, fake: FakeAnthropic
+    client: httpx.AsyncClient, fake: FakeUpstream
 ) -> None:
     _, chat = load_traces()[1]
     for k in (40, 120, len(chat)):
@@ -455,7 +450,7 @@ async def test_discovery_probes_carry_the_default_key_to_its_own_origin_only(
     ],
 )
 async def test_preview_and_count_accept_messages_bodies(
-    client: httpx.AsyncClient, fake: FakeAnthropic, how: dict[str, str]
+    client: httpx.AsyncClient, fake: FakeUpstream, how: dict[str, str]
 ) -> None:
     body = agent_body()
     limit = {"x-compaction-context-limit": "16000", **how}
@@ -472,11 +467,11 @@ async def test_preview_and_count_accept_messages_bodies(
     assert counted["context_limit"] == 16000
     assert counted["exact"] is False  # Claude: the calibrated heuristic
     assert counted["prompt_tokens"] > 16000
-    assert fake.received == []  # nothing forwarded
+    assert fake.requests == []  # nothing forwarded
 
 
 async def test_a_mid_conversation_system_message_is_pinned_and_compacted_around(
-    client: httpx.AsyncClient, fake: FakeAnthropic
+    client: httpx.AsyncClient, fake: FakeUpstream
 ) -> None:
     """(Claude Code sends a non-Claude model such messages; they were forwarded as received.)"""
     body = agent_body()
@@ -485,7 +480,7 @@ async def test_a_mid_conversation_system_message_is_pinned_and_compacted_around(
     response = await post(client, orjson.dumps(body), **{"x-compaction-context-limit": "16000"})
     assert response.headers["x-compaction-applied"] != "none"
     assert "x-compaction-skipped" not in response.headers
-    forwarded = fake.received[-1].json()["messages"]
+    forwarded = fake.requests[-1].json()["messages"]
     assert forwarded != body["messages"]
     assert [m for m in forwarded if m["role"] == "system"] == [terse]
 
@@ -515,12 +510,12 @@ async def test_other_methods_and_paths_go_to_the_anthropic_upstream(tmp_path: Pa
 
 
 async def test_the_claude_heuristic_is_calibrated_on_the_whole_prompt_anthropic_reports(
-    client: httpx.AsyncClient, fake: FakeAnthropic, store: WatchedStore
+    client: httpx.AsyncClient, fake: FakeUpstream, store: WatchedStore
 ) -> None:
     """Usage's prompt is input + cache reads + cache writes, and that is what the heuristic is
     fitted to: with most of each prompt read from the cache, the fit still follows the fake's
     whole count (fitted to `input_tokens` alone it would learn a prompt a fraction as big)."""
-    fake.cache_read, fake.cache_write = 4_000, 1_000
+    fake.cached_tokens, fake.cache_write_tokens = 4_000, 1_000
     for k in range(4):
         await post(client, agent_body(rounds=8 + k), **{"x-compaction-strategy": "none"})
     records = await store.written(4)

@@ -20,7 +20,7 @@ from inflight.proxy.api import Api
 from inflight.proxy.body import parse_chat_body
 from inflight.proxy.service import ApiService
 from tests.conftest import make_settings
-from tests.support.fake_upstream import FakeUpstream
+from tests.support.fakes import FakeUpstream
 
 pytestmark = pytest.mark.anyio
 KEY = {"authorization": "Bearer k1"}

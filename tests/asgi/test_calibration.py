@@ -27,7 +27,7 @@ from inflight.tokens.calibration import (
     reaching,
     solve,
 )
-from tests.support.fake_upstream import FakeUpstream
+from tests.support.fakes import FakeUpstream
 
 
 def _cost(matrix: list[list[float]], rhs: list[float], theta: list[float]) -> float:

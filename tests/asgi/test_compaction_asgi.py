@@ -13,7 +13,7 @@ from inflight.compaction.units import check_pair_safety
 from inflight.factory import create_app
 from tests.asgi.test_proxy_asgi import assert_openai_error
 from tests.conftest import make_settings
-from tests.support.fake_upstream import FakeUpstream
+from tests.support.fakes import FakeUpstream
 
 pytestmark = pytest.mark.anyio
 

@@ -28,7 +28,7 @@ from inflight.errors import BadRequest
 from inflight.factory import create_app
 from inflight.proxy.headers import without_beta
 from tests.conftest import make_settings
-from tests.support.fake_anthropic_upstream import FakeAnthropic
+from tests.support.fakes import FakeUpstream
 
 BETA = "context-management-2025-06-27"
 BIG = "line of tool output " * 200  # a result worth clearing (~800 heuristic tokens)
@@ -302,17 +302,17 @@ def test_decisions_grow_monotonically_and_requests_share_prefixes_between_events
 
 
 @pytest.fixture
-def fake() -> FakeAnthropic:
-    return FakeAnthropic()
+def fake() -> FakeUpstream:
+    return FakeUpstream()
 
 
-async def _app(tmp_path: Path, fake: FakeAnthropic, url: str, **extra: Any) -> Any:
+async def _app(tmp_path: Path, fake: FakeUpstream, url: str, **extra: Any) -> Any:
     settings = make_settings(tmp_path, anthropic_upstream_url=url, **extra)
     return create_app(settings, transport=httpx.ASGITransport(app=fake.app))
 
 
 @pytest.fixture
-async def local(tmp_path: Path, fake: FakeAnthropic) -> AsyncIterator[httpx.AsyncClient]:
+async def local(tmp_path: Path, fake: FakeUpstream) -> AsyncIterator[httpx.AsyncClient]:
     app = await _app(tmp_path, fake, "http://llama.test/v1")
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
@@ -329,7 +329,7 @@ HEADERS = {"x-api-key": "k", "anthropic-version": "2023-06-01", "anthropic-beta"
 
 @pytest.mark.anyio
 async def test_a_local_upstream_gets_the_edits_applied_and_the_answer_reports_them(
-    local: httpx.AsyncClient, fake: FakeAnthropic
+    local: httpx.AsyncClient, fake: FakeUpstream
 ) -> None:
     body = body_with(session(4), *EDITS)
     response = await local.post("/v1/messages", content=orjson.dumps(body), headers=HEADERS)
@@ -354,7 +354,7 @@ async def test_a_local_upstream_gets_the_edits_applied_and_the_answer_reports_th
 
 @pytest.mark.anyio
 async def test_a_stream_reports_the_edits_on_message_delta(
-    local: httpx.AsyncClient, fake: FakeAnthropic
+    local: httpx.AsyncClient, fake: FakeUpstream
 ) -> None:
     body = {**body_with(session(4), *EDITS), "stream": True}
     response = await local.post("/v1/messages", content=orjson.dumps(body), headers=HEADERS)
@@ -372,7 +372,7 @@ async def test_a_stream_reports_the_edits_on_message_delta(
 
 @pytest.mark.anyio
 async def test_anthropics_own_api_gets_the_field_and_the_flag_untouched(
-    tmp_path: Path, fake: FakeAnthropic
+    tmp_path: Path, fake: FakeUpstream
 ) -> None:
     app = await _app(tmp_path, fake, "https://api.anthropic.com/v1")
     body = body_with(session(4), *EDITS)
@@ -383,13 +383,13 @@ async def test_anthropics_own_api_gets_the_field_and_the_flag_untouched(
             response = await client.post("/v1/messages", content=raw, headers=HEADERS)
     assert response.status_code == 200
     sent = fake.messages_requests[-1]
-    assert sent.raw == raw
+    assert sent.body == raw
     assert sent.headers["anthropic-beta"] == f"{BETA},x-1"
     assert "context_management" not in response.json()  # the fake is not Anthropic
 
 
 @pytest.mark.anyio
-async def test_the_setting_forces_either_side(tmp_path: Path, fake: FakeAnthropic) -> None:
+async def test_the_setting_forces_either_side(tmp_path: Path, fake: FakeUpstream) -> None:
     for mode, url, applied in (
         ("proxy", "https://api.anthropic.com/v1", True),
         ("upstream", "http://llama.test/v1", False),

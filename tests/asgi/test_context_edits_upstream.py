@@ -19,7 +19,8 @@ from inflight.apis.anthropic.format import MessagesFormat
 from inflight.factory import create_app
 from tests.asgi.test_context_edits import BETA, body_with, cleared, session
 from tests.conftest import make_settings
-from tests.support.fake_anthropic_upstream import FakeAnthropic, rule_violations
+from tests.support.fakes import FakeUpstream
+from tests.support.fakes.anthropic import rule_violations
 from tests.unit.apis.anthropic.test_anthropic_format import PIPELINES, compacted
 
 ANTHROPIC = "https://api.anthropic.com/v1"
@@ -36,7 +37,7 @@ HEADERS = {
 }
 
 
-async def _post(tmp_path: Path, fake: FakeAnthropic, body: dict[str, Any]) -> httpx.Response:
+async def _post(tmp_path: Path, fake: FakeUpstream, body: dict[str, Any]) -> httpx.Response:
     settings = make_settings(tmp_path, anthropic_upstream_url=ANTHROPIC, ledger="off")
     app = create_app(settings, transport=httpx.ASGITransport(app=fake.app))
     async with app.router.lifespan_context(app):
@@ -53,7 +54,7 @@ def _budget() -> int:
 async def test_a_prompt_that_fits_after_anthropics_edits_is_forwarded_as_sent(
     tmp_path: Path,
 ) -> None:
-    fake = FakeAnthropic()
+    fake = FakeUpstream()
     body = body_with(session(10), CLEAR)
     full = MessagesFormat().conversation(
         {k: v for k, v in body.items() if k != "context_management"}
@@ -61,7 +62,7 @@ async def test_a_prompt_that_fits_after_anthropics_edits_is_forwarded_as_sent(
     response = await _post(tmp_path, fake, body)
     assert response.status_code == 200, response.text
     sent = fake.messages_requests[-1]
-    assert sent.raw == orjson.dumps(body)  # byte for byte, `context_management` and all
+    assert sent.body == orjson.dumps(body)  # byte for byte, `context_management` and all
     assert sent.headers["anthropic-beta"] == BETA
     assert response.headers["x-compaction-applied"] == "none"
     assert "x-compaction-id" not in response.headers
@@ -77,7 +78,7 @@ async def test_a_prompt_over_budget_even_after_the_edits_is_compacted_by_the_exc
 ) -> None:
     keep_more = {**CLEAR, "keep": {"type": "tool_uses", "value": 8}}
     body = body_with(session(16), keep_more)
-    fake = FakeAnthropic()
+    fake = FakeUpstream()
     (tmp_path / "a").mkdir()
     response = await _post(tmp_path / "a", fake, body)
     assert response.status_code == 200, response.text
@@ -92,7 +93,7 @@ async def test_a_prompt_over_budget_even_after_the_edits_is_compacted_by_the_exc
     assert all(m in body["messages"] for m in calls)  # the simulation's `{}` inputs stay in it
     # the same history without the edit is cut deeper: only the excess after it goes
     plain = {k: v for k, v in body.items() if k != "context_management"}
-    alone = FakeAnthropic()
+    alone = FakeUpstream()
     (tmp_path / "b").mkdir()
     await _post(tmp_path / "b", alone, plain)
     assert len(orjson.dumps(kept)) > len(

@@ -21,7 +21,7 @@ from inflight.usage.stores import open_store
 from inflight.usage.stores.sql import MIGRATIONS, SCHEMA_VERSION
 from tests.conftest import make_settings
 from tests.support.conversations import simple_count
-from tests.support.fake_upstream import FakeUpstream
+from tests.support.fakes import FakeUpstream
 from tests.support.servers import WatchedStore
 from tests.unit.compaction.test_cost_mode import AUTO, session
 

@@ -23,7 +23,7 @@ from inflight.compaction.offload import (
 from inflight.factory import create_app
 from inflight.jsontext import HistoryTexts
 from tests.conftest import make_settings
-from tests.support.fake_upstream import FakeUpstream
+from tests.support.fakes import FakeUpstream
 
 pytestmark = pytest.mark.anyio
 LONGEST_GAP_SHARE = 0.75  # of the big request's time: a blocked loop's gap is all of it

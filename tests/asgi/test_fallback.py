@@ -30,7 +30,8 @@ from inflight.windows.registry import WindowRegistry
 from inflight.windows.table import ModelTable
 from tests.conftest import make_settings
 from tests.support.conversations import conversations
-from tests.support.fake_upstream import FakeUpstream, completion
+from tests.support.fakes import FakeUpstream
+from tests.support.fakes.chat import completion
 
 pytestmark = pytest.mark.anyio
 CONFIG = Path(__file__).resolve().parents[2] / "config"

@@ -17,14 +17,11 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from starlette.types import Receive, Scope, Send
 
 from inflight.factory import create_app
 from tests.conftest import make_settings
 from tests.support import DATA
-from tests.support.fake_anthropic_upstream import FakeAnthropic
-from tests.support.fake_responses_upstream import FakeResponsesUpstream
-from tests.support.fake_upstream import FakeUpstream
+from tests.support.fakes import FakeUpstream
 
 pytestmark = pytest.mark.anyio
 
@@ -178,42 +175,22 @@ def _cases() -> list[Case]:
     ]
 
 
-class _Hosts:
-    """One ASGI app for the upstream transport: `anthropic.test` to the Anthropic fake,
-    `/v1/responses` to the Responses one, the rest to the chat one."""
-
-    def __init__(self) -> None:
-        self.chat = FakeUpstream()
-        self.responses = FakeResponsesUpstream()
-        self.anthropic = FakeAnthropic()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        host = dict(scope.get("headers") or []).get(b"host", b"")
-        if host.startswith(b"anthropic.test"):
-            await self.anthropic.app(scope, receive, send)
-        elif scope.get("path") == "/v1/responses":
-            await self.responses.app(scope, receive, send)
-        else:
-            await self.chat.app(scope, receive, send)
-
-    def received(self) -> list[bytes]:
-        """The bodies of the client requests forwarded so far (not probes, not summaries,
-        which run in the background and land whenever they land)."""
-        openai = self.chat.requests + self.responses.requests
-        bodies = [r.body for r in openai if r.method == "POST"]
-        bodies += [r.raw for r in self.anthropic.received]
-        return [b for b in bodies if b"<transcript>" not in b]
+def _forwarded(fake: FakeUpstream) -> list[bytes]:
+    """The bodies of the client requests forwarded so far (not probes, not summaries, which
+    run in the background and land whenever they land)."""
+    bodies = [r.body for r in fake.requests if r.method == "POST"]
+    return [b for b in bodies if b"<transcript>" not in b]
 
 
 @pytest.fixture
-async def proxy(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, _Hosts]]:
-    hosts = _Hosts()
+async def proxy(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, FakeUpstream]]:
+    fake = FakeUpstream()  # behind both the OpenAI and the Anthropic upstream URL
     settings = make_settings(tmp_path, anthropic_upstream_url="http://anthropic.test/v1")
-    application = create_app(settings, transport=httpx.ASGITransport(app=hosts))
+    application = create_app(settings, transport=httpx.ASGITransport(app=fake.app))
     async with application.router.lifespan_context(application):
         transport = httpx.ASGITransport(app=application)
         async with httpx.AsyncClient(transport=transport, base_url="http://proxy.test") as c:
-            yield c, hosts
+            yield c, fake
 
 
 def _normal(text: str) -> str:
@@ -222,11 +199,11 @@ def _normal(text: str) -> str:
     return text
 
 
-async def _answer(client: httpx.AsyncClient, hosts: _Hosts, case: Case) -> dict[str, Any]:
+async def _answer(client: httpx.AsyncClient, fake: FakeUpstream, case: Case) -> dict[str, Any]:
     content = case.body if isinstance(case.body, bytes | None) else orjson.dumps(case.body)
-    before = len(hosts.received())
+    before = len(_forwarded(fake))
     response = await client.request(case.method, case.path, content=content, headers=case.headers)
-    forwarded = hosts.received()[before:]
+    forwarded = _forwarded(fake)[before:]
     headers = sorted(
         (k, _normal(v)) for k, v in response.headers.items() if k not in VOLATILE_HEADERS
     )
@@ -239,10 +216,10 @@ async def _answer(client: httpx.AsyncClient, hosts: _Hosts, case: Case) -> dict[
 
 
 async def test_every_answer_and_forwarded_body_is_as_recorded(
-    proxy: tuple[httpx.AsyncClient, _Hosts],
+    proxy: tuple[httpx.AsyncClient, FakeUpstream],
 ) -> None:
-    client, hosts = proxy
-    got = {case.name: await _answer(client, hosts, case) for case in _cases()}
+    client, fake = proxy
+    got = {case.name: await _answer(client, fake, case) for case in _cases()}
     if os.environ.get("INFLIGHT_TEST_GOLDEN_WRITE") == "1":
         GOLDEN.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n", "utf-8")
     want = json.loads(GOLDEN.read_text("utf-8"))

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from inflight.factory import create_app
 from tests.conftest import make_settings
-from tests.support.fake_upstream import FakeUpstream
+from tests.support.fakes import FakeUpstream
 from tests.support.hostile_fields import SWITCHES, Case, Route, cases, fuzzed_proxy, problem, send
 
 pytestmark = pytest.mark.anyio

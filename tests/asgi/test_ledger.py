@@ -20,9 +20,7 @@ from inflight.factory import create_app
 from inflight.usage.ledger import LATE_FIELDS, LedgerRow
 from inflight.usage.stores.sqlite import SQLiteStore
 from tests.conftest import make_settings
-from tests.support.fake_anthropic_upstream import FakeAnthropic
-from tests.support.fake_responses_upstream import FakeResponsesUpstream
-from tests.support.fake_upstream import FakeUpstream
+from tests.support.fakes import FakeUpstream
 from tests.unit.compaction.test_cuts import agent
 
 pytestmark = pytest.mark.anyio
@@ -288,7 +286,7 @@ def responses_body() -> dict[str, Any]:
 
 
 async def test_responses_requests_have_their_ledger(tmp_path: Path) -> None:
-    fake = FakeResponsesUpstream()
+    fake = FakeUpstream()
     async with proxy(tmp_path, fake.app) as client:
         body = responses_body()
         ledger_id = await compacted_id(client, bearer("sk-a"), "/v1/responses", body)
@@ -317,7 +315,7 @@ def messages_body() -> dict[str, Any]:
 async def test_messages_requests_have_their_ledger(tmp_path: Path) -> None:
     headers = {"x-api-key": "sk-ant-a", "anthropic-version": "2023-06-01"}
     async with proxy(
-        tmp_path, FakeAnthropic().app, anthropic_upstream_url="http://anthropic.test/v1"
+        tmp_path, FakeUpstream().app, anthropic_upstream_url="http://anthropic.test/v1"
     ) as client:
         body = messages_body()
         ledger_id = await compacted_id(client, headers, "/v1/messages", body)

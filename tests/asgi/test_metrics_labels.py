@@ -18,7 +18,7 @@ from inflight.usage.labels import OTHER, ModelLabels, literal_names
 from inflight.usage.metrics import Metrics
 from inflight.usage.records import UsageRecord
 from tests.conftest import make_settings
-from tests.support.fake_upstream import FakeUpstream
+from tests.support.fakes import FakeUpstream
 from tests.support.servers import WatchedStore
 
 pytestmark = pytest.mark.anyio

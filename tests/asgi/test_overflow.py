@@ -16,7 +16,7 @@ import pytest
 from inflight.factory import create_app
 from inflight.windows.overflow import OverflowInfo, parse_overflow
 from tests.conftest import make_settings
-from tests.support.fake_upstream import completion
+from tests.support.fakes.chat import completion
 
 
 def _openai_style(message: str, code: str | None = None) -> bytes:

@@ -19,7 +19,7 @@ from inflight.factory import create_app
 from inflight.strategies import StrategyName
 from tests.conftest import make_settings
 from tests.support.conversations import conversations, simple_count
-from tests.support.fake_upstream import FakeUpstream
+from tests.support.fakes import FakeUpstream
 
 BUDGET = Budget(window=8192, reserve=1024, threshold=0.8, target=0.5)
 SHRINK: tuple[StrategyName, ...] = ("truncate", "prune")

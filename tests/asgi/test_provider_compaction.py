@@ -13,15 +13,15 @@ import pytest
 
 from inflight.apis.anthropic.format import MessagesFormat
 from tests.asgi.test_responses_route import agent_items
-from tests.support.fake_responses_upstream import FakeResponsesUpstream
+from tests.support.fakes import FakeUpstream
 from tests.support.responses_items import compaction_item, pair_problems
 
 pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
-def fake() -> FakeResponsesUpstream:
-    return FakeResponsesUpstream()
+def fake() -> FakeUpstream:
+    return FakeUpstream()
 
 
 def codex_session(rounds: int) -> list[dict[str, Any]]:
@@ -36,7 +36,7 @@ def codex_session(rounds: int) -> list[dict[str, Any]]:
 
 
 async def test_a_session_after_a_compaction_item_is_compacted_after_it(
-    client: httpx.AsyncClient, fake: FakeResponsesUpstream
+    client: httpx.AsyncClient, fake: FakeUpstream
 ) -> None:
     items = codex_session(40)
     body = {"model": "gpt-4.1", "input": items}

@@ -14,7 +14,7 @@ from fastapi import FastAPI
 
 from inflight.factory import create_app
 from tests.conftest import make_settings
-from tests.support.fake_upstream import FakeUpstream
+from tests.support.fakes import FakeUpstream
 from tests.support.servers import WatchedStore
 
 pytestmark = pytest.mark.anyio

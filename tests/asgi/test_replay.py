@@ -15,7 +15,7 @@ from inflight.compaction.units import is_strict_alternation
 from inflight.factory import create_app
 from tests.conftest import make_settings
 from tests.support import load_traces, request_points
-from tests.support.fake_upstream import FakeUpstream
+from tests.support.fakes import FakeUpstream
 
 pytestmark = pytest.mark.anyio
 TRACES = load_traces()

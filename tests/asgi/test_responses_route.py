@@ -19,7 +19,8 @@ from inflight.settings import Settings
 from tests.asgi.test_proxy_asgi import assert_openai_error
 from tests.conftest import make_settings
 from tests.support import load_traces
-from tests.support.fake_responses_upstream import FakeResponsesUpstream, input_tokens
+from tests.support.fakes import FakeUpstream
+from tests.support.fakes.responses import input_tokens
 from tests.support.responses_items import pair_problems, request_body
 from tests.support.servers import WatchedStore
 
@@ -44,8 +45,8 @@ def agent_items(rounds: int = 30, size: int = 2000) -> list[dict[str, Any]]:
 
 
 @pytest.fixture
-def fake() -> FakeResponsesUpstream:
-    return FakeResponsesUpstream()
+def fake() -> FakeUpstream:
+    return FakeUpstream()
 
 
 @pytest.fixture
@@ -55,7 +56,7 @@ def store() -> WatchedStore:
 
 @pytest.fixture
 async def app(
-    settings: Settings, fake: FakeResponsesUpstream, store: WatchedStore
+    settings: Settings, fake: FakeUpstream, store: WatchedStore
 ) -> AsyncIterator[FastAPI]:
     application = create_app(settings, transport=httpx.ASGITransport(app=fake.app), store=store)
     async with application.router.lifespan_context(application):
@@ -68,7 +69,7 @@ async def post(client: httpx.AsyncClient, body: Any, **headers: str) -> httpx.Re
 
 
 async def test_a_request_that_fits_goes_up_byte_for_byte(
-    client: httpx.AsyncClient, fake: FakeResponsesUpstream, store: WatchedStore
+    client: httpx.AsyncClient, fake: FakeUpstream, store: WatchedStore
 ) -> None:
     raw = (
         b'{ "input": [ {"role": "user", "content": [{"type": "input_text", "text": "hi"}]} ],'
@@ -91,7 +92,7 @@ async def test_a_request_that_fits_goes_up_byte_for_byte(
 
 
 async def test_an_agent_session_over_the_window_is_compacted_and_accepted(
-    client: httpx.AsyncClient, fake: FakeResponsesUpstream, store: WatchedStore
+    client: httpx.AsyncClient, fake: FakeUpstream, store: WatchedStore
 ) -> None:
     fake.context_window = 8192
     body = {"model": "gpt-4.1", "instructions": "You are a coding agent.", "input": agent_items()}
@@ -124,7 +125,7 @@ async def test_an_agent_session_over_the_window_is_compacted_and_accepted(
 
 
 async def test_the_stream_is_relayed_as_it_came_and_usage_read_from_response_completed(
-    client: httpx.AsyncClient, fake: FakeResponsesUpstream, store: WatchedStore
+    client: httpx.AsyncClient, fake: FakeUpstream, store: WatchedStore
 ) -> None:
     fake.reply_text = "one two three"
     fake.cached_tokens = 5
@@ -166,7 +167,7 @@ async def test_the_stream_is_relayed_as_it_came_and_usage_read_from_response_com
 )
 async def test_what_the_proxy_cannot_see_whole_is_forwarded_as_received(
     client: httpx.AsyncClient,
-    fake: FakeResponsesUpstream,
+    fake: FakeUpstream,
     input_or_body: dict[str, Any],
     reason: str,
 ) -> None:
@@ -190,7 +191,7 @@ async def test_what_the_proxy_cannot_see_whole_is_forwarded_as_received(
 )
 async def test_bad_input_is_an_openai_400_naming_the_field(
     client: httpx.AsyncClient,
-    fake: FakeResponsesUpstream,
+    fake: FakeUpstream,
     store: WatchedStore,
     value: Any,
     param: str,
@@ -205,7 +206,7 @@ async def test_bad_input_is_an_openai_400_naming_the_field(
 
 @pytest.mark.parametrize("style", ["openai", "vllm"])
 async def test_an_overflow_is_compacted_and_retried_once_before_any_byte(
-    client: httpx.AsyncClient, fake: FakeResponsesUpstream, style: Any
+    client: httpx.AsyncClient, fake: FakeUpstream, style: Any
 ) -> None:
     """The upstream's window is smaller than the table says. vLLM states it; the Responses API
     does not (it only says the input exceeds the window), so what was sent bounds it."""
@@ -228,7 +229,7 @@ async def test_an_overflow_is_compacted_and_retried_once_before_any_byte(
 
 
 async def test_an_overflow_a_stream_reports_after_it_started_teaches_the_next_request(
-    client: httpx.AsyncClient, fake: FakeResponsesUpstream
+    client: httpx.AsyncClient, fake: FakeUpstream
 ) -> None:
     """OpenAI reports a too-long input in a stream as an `error` event after `response.created`:
     too late to retry (bytes went out), so it is relayed — and the bound it sets holds for the
@@ -297,14 +298,14 @@ async def test_preview_of_a_responses_body_names_a_bad_item(client: httpx.AsyncC
 
 
 async def test_calibration_learns_from_input_tokens(
-    client: httpx.AsyncClient, fake: FakeResponsesUpstream, app: FastAPI
+    client: httpx.AsyncClient, fake: FakeUpstream, app: FastAPI
 ) -> None:
     """The upstream counts twice what the estimate says: after a few responses the estimate
     for the same request moves toward it."""
     body = {"model": "llama-3.1-8b", "input": request_body(load_traces()[0][1][:12])["input"]}
     first = await post(client, body)
     estimate = int(first.headers["x-compaction-tokens-before"])
-    fake.input_tokens = 2 * estimate
+    fake.prompt_tokens = 2 * estimate
     for _ in range(6):
         await post(client, body)
     later = int((await post(client, body)).headers["x-compaction-tokens-before"])

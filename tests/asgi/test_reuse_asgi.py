@@ -5,7 +5,7 @@ body in full sends, and no remembered body is changed by anything the request we
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +20,7 @@ from inflight.proxy.service import ApiService
 from tests.asgi.test_anthropic_route import ANTHROPIC, HEADERS, agent_body
 from tests.asgi.test_responses_route import agent_items
 from tests.conftest import make_settings
-from tests.support.fake_anthropic_upstream import FakeAnthropic
-from tests.support.fake_responses_upstream import FakeResponsesUpstream
-from tests.support.fake_upstream import FakeUpstream
+from tests.support.fakes import FakeUpstream
 
 pytestmark = pytest.mark.anyio
 
@@ -60,22 +58,15 @@ def service(app: FastAPI, route: str) -> ApiService:
     return next(service for service in state.apis.values() if service.api.route == route)
 
 
-FAKES: dict[str, Callable[[], Any]] = {
-    "/v1/chat/completions": FakeUpstream,
-    "/v1/responses": FakeResponsesUpstream,
-    "/v1/messages": FakeAnthropic,
-}
+ROUTES = ("/v1/chat/completions", "/v1/messages", "/v1/responses")
 
 
-def sent(fake: Any, route: str) -> list[bytes]:
+def sent(fake: FakeUpstream, route: str) -> list[bytes]:
     """What the fake was sent on the route (summary calls aside), in order."""
-    if isinstance(fake, FakeAnthropic):
-        return [r.raw for r in fake.messages_requests]
-    path = "/v1/responses" if route == "/v1/responses" else "/v1/chat/completions"
-    return [r.body for r in fake.requests if r.path == path]
+    return [r.body for r in fake.requests if r.path == route and not r.summary]
 
 
-def proxy_app(tmp_path: Path, fake: Any) -> FastAPI:
+def proxy_app(tmp_path: Path, fake: FakeUpstream) -> FastAPI:
     """The proxy in front of `fake`, a 16k window assumed."""
     settings = make_settings(tmp_path, anthropic_upstream_url=ANTHROPIC, context_limit=16_384)
     return create_app(settings, transport=httpx.ASGITransport(app=fake.app))
@@ -94,11 +85,11 @@ async def session(app: FastAPI, route: str) -> AsyncIterator[httpx.Response]:
                 )
 
 
-@pytest.mark.parametrize("route", sorted(FAKES))
+@pytest.mark.parametrize("route", ROUTES)
 async def test_a_session_sends_what_full_parses_send(tmp_path: Path, route: str) -> None:
     outcomes = []
     for reusing in (True, False):
-        fake = FAKES[route]()
+        fake = FakeUpstream()
         (tmp_path / str(reusing)).mkdir()
         app = proxy_app(tmp_path / str(reusing), fake)
         api = service(app, route)

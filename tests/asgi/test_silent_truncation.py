@@ -20,9 +20,7 @@ from starlette.types import ASGIApp
 from inflight.factory import create_app
 from inflight.windows.silent import SILENT_SHARE, silently_truncated
 from tests.conftest import make_settings
-from tests.support.fake_anthropic_upstream import FakeAnthropic
-from tests.support.fake_responses_upstream import FakeResponsesUpstream
-from tests.support.fake_upstream import FakeUpstream
+from tests.support.fakes import FakeUpstream
 
 pytestmark = pytest.mark.anyio
 
@@ -211,14 +209,14 @@ def responses_body() -> dict[str, Any]:
 async def test_responses_input_tokens_are_compared(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    fake = FakeResponsesUpstream()
+    fake = FakeUpstream()
     fake.advertised_window = WINDOW
     async with proxy(tmp_path, fake.app) as (_, client):
         normal = await post(client, "/v1/responses", responses_body(), NO_COMPACTION)
         assert int(normal.headers["x-compaction-tokens-after"]) > WINDOW
         assert "x-compaction-upstream-truncated" not in normal.headers  # the fake's real count
         assert warnings(caplog) == []
-        fake.input_tokens = SEEN
+        fake.prompt_tokens = SEEN
         cut = await post(client, "/v1/responses", responses_body(), NO_COMPACTION)
         assert cut.headers["x-compaction-upstream-truncated"] == "true"
         assert len(warnings(caplog)) == 1
@@ -242,20 +240,20 @@ def messages_body() -> dict[str, Any]:
 async def test_messages_input_plus_cache_reads_and_writes_are_compared(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    fake = FakeAnthropic()
+    fake = FakeUpstream()
     headers = {"x-api-key": "sk-ant", "anthropic-version": "2023-06-01", **NO_COMPACTION}
     async with proxy(tmp_path, fake.app, anthropic_upstream_url="http://anthropic.test/v1") as (
         _,
         client,
     ):
-        fake.cache_read = 10**9  # nearly all of the prompt read from the cache ...
-        fake.cache_write = 0
+        fake.cached_tokens = 10**9  # nearly all of the prompt read from the cache ...
+        fake.cache_write_tokens = 0
         cached = await post(client, "/v1/messages", messages_body(), headers)
         window = int(cached.headers["x-compaction-context-limit"])
         assert int(cached.headers["x-compaction-tokens-after"]) > window
         assert "x-compaction-upstream-truncated" not in cached.headers  # ... and still counted
         assert warnings(caplog) == []
-        fake.cache_read, fake.cache_write, fake.usage_prompt = 200, 300, SEEN
+        fake.cached_tokens, fake.cache_write_tokens, fake.prompt_tokens = 200, 300, SEEN
         cut = await post(client, "/v1/messages", messages_body(), headers)
         assert cut.headers["x-compaction-upstream-truncated"] == "true"
         assert len(warnings(caplog)) == 1

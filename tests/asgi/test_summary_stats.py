@@ -21,7 +21,7 @@ from inflight.compaction.summary.stats import (
 from inflight.errors import UpstreamTimeout, UpstreamUnavailable
 from inflight.factory import create_app
 from tests.conftest import make_settings
-from tests.support.fake_upstream import FakeUpstream
+from tests.support.fakes import FakeUpstream
 
 pytestmark = pytest.mark.anyio
 

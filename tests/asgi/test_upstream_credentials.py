@@ -20,8 +20,7 @@ from inflight.proxy.upstream import Upstream
 from inflight.windows.table import ModelTable
 from tests.conftest import make_settings
 from tests.e2e.test_summarize import agent_log
-from tests.support.fake_anthropic_upstream import FakeAnthropic
-from tests.support.fake_upstream import FakeUpstream
+from tests.support.fakes import FakeUpstream
 
 pytestmark = pytest.mark.anyio
 
@@ -50,7 +49,7 @@ class Seen:
     `anthropic.test`, to the fake Anthropic one."""
 
     openai: FakeUpstream = field(default_factory=FakeUpstream)
-    anthropic: FakeAnthropic = field(default_factory=FakeAnthropic)
+    anthropic: FakeUpstream = field(default_factory=FakeUpstream)
     requests: list[httpx.Request] = field(default_factory=list)
 
     def transport(self) -> httpx.AsyncBaseTransport:

@@ -18,12 +18,8 @@ from inflight.usage.records import UsageRecord
 from tests.conftest import make_settings
 from tests.support import load_traces
 from tests.support.anthropic_conversations import from_chat
-from tests.support.fake_anthropic_upstream import (
-    FakeAnthropic,
-    all_blocks,
-    prompt_tokens,
-    rule_violations,
-)
+from tests.support.fakes import FakeUpstream
+from tests.support.fakes.anthropic import all_blocks, prompt_tokens, rule_violations
 from tests.support.servers import WatchedStore, serve
 
 pytestmark = pytest.mark.e2e
@@ -33,8 +29,8 @@ WINDOW = 12_000  # the fake's own window (its count: a token per 4 bytes of JSON
 
 
 @pytest.fixture
-def fake() -> FakeAnthropic:
-    return FakeAnthropic(window=WINDOW, cache_read=300, cache_write=40)
+def fake() -> FakeUpstream:
+    return FakeUpstream(context_window=WINDOW, cached_tokens=300, cache_write_tokens=40)
 
 
 @pytest.fixture
@@ -43,7 +39,7 @@ def store() -> WatchedStore:
 
 
 @pytest.fixture
-def proxy_url(tmp_path: Path, fake: FakeAnthropic, store: WatchedStore) -> Iterator[str]:
+def proxy_url(tmp_path: Path, fake: FakeUpstream, store: WatchedStore) -> Iterator[str]:
     with serve(fake.app) as upstream:
         settings = make_settings(tmp_path, anthropic_upstream_url=upstream + "/v1")
         with serve(create_app(settings, store=store)) as url:
@@ -72,7 +68,7 @@ def session() -> dict[str, Any]:
 
 
 def test_json_answer_of_a_compacted_session(
-    claude: anthropic.Anthropic, fake: FakeAnthropic, store: WatchedStore
+    claude: anthropic.Anthropic, fake: FakeUpstream, store: WatchedStore
 ) -> None:
     body = session()
     raw = claude.messages.with_raw_response.create(
@@ -108,7 +104,7 @@ def test_json_answer_of_a_compacted_session(
 
 
 def test_stream_of_a_session_the_upstream_first_refuses(
-    claude: anthropic.Anthropic, fake: FakeAnthropic, store: WatchedStore
+    claude: anthropic.Anthropic, fake: FakeUpstream, store: WatchedStore
 ) -> None:
     """No window header: the table's 200k is wrong for this upstream, whose overflow error
     teaches the window; the proxy compacts and retries before any byte reaches the SDK."""

@@ -45,7 +45,8 @@ from tests.conftest import make_settings
 from tests.e2e.test_summarize import agent_log
 from tests.support import request_points
 from tests.support.conversations import conversations, follows_strict_rule, simple_count, summary_in
-from tests.support.fake_upstream import FakeUpstream, completion
+from tests.support.fakes import FakeUpstream
+from tests.support.fakes.chat import completion
 from tests.support.redis_server import redis_url
 
 pytestmark = pytest.mark.anyio
@@ -465,7 +466,7 @@ async def test_two_replicas_sharing_redis_make_each_summary_once(
     assert last[0] == last[1]
     assert fake.summary_calls >= 1
     tails = [
-        r["messages"][0]["content"].rsplit("</transcript>", 1)[0][-300:]
+        r.json()["messages"][0]["content"].rsplit("</transcript>", 1)[0][-300:]
         for r in fake.summary_requests
     ]
     assert len(tails) == len(set(tails))  # no span summarised twice
@@ -663,5 +664,6 @@ async def test_a_request_reaches_its_upstream_before_the_summary_it_started(
     response = await send(client, messages)
     assert response.headers["x-compaction-summary"] == "pending"
     await until(lambda: fake.summary_calls >= 1)
-    kinds = ["summary" if fake.is_summary_request(r.json()) else "chat" for r in fake.chat_requests]
+    chats = [r for r in fake.requests if r.path == "/v1/chat/completions"]
+    kinds = ["summary" if r.summary else "chat" for r in chats]
     assert kinds[0] == "chat"

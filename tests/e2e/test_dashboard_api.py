@@ -21,7 +21,7 @@ from inflight.settings import Settings
 from inflight.usage.records import UsageRecord, UsageStore
 from inflight.usage.stores import open_store
 from tests.conftest import make_settings
-from tests.support.fake_upstream import FakeUpstream
+from tests.support.fakes import FakeUpstream
 from tests.support.pg_server import postgres_url
 from tests.support.servers import WatchedStore
 

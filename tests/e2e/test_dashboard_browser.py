@@ -18,7 +18,7 @@ import pytest
 
 from inflight.factory import create_app
 from tests.conftest import make_settings
-from tests.support.fake_upstream import FakeUpstream
+from tests.support.fakes import FakeUpstream
 from tests.support.servers import WatchedStore, serve
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

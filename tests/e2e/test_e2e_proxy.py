@@ -11,7 +11,7 @@ import pytest
 
 from inflight.factory import create_app
 from tests.conftest import make_settings
-from tests.support.fake_upstream import FakeUpstream, Pacing
+from tests.support.fakes import FakeUpstream, Pacing
 from tests.support.servers import WatchedStore, serve
 
 pytestmark = pytest.mark.e2e

@@ -13,7 +13,7 @@ import pytest
 from inflight.factory import create_app
 from tests.asgi.test_ledger import SECRET, agent_messages
 from tests.conftest import make_settings
-from tests.support.fake_upstream import FakeUpstream
+from tests.support.fakes import FakeUpstream
 from tests.support.servers import serve
 
 pytestmark = pytest.mark.e2e

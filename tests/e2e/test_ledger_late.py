@@ -29,7 +29,7 @@ from inflight.usage.stores.sql import LEDGER_V7, SCHEMA_VERSION
 from inflight.usage.stores.sqlite import SQLiteStore
 from tests.conftest import make_settings
 from tests.e2e.test_ledger_store import NOW, fresh_postgres, row
-from tests.support.fake_upstream import completion
+from tests.support.fakes.chat import completion
 from tests.support.pg_server import postgres_url
 from tests.unit.compaction.test_cuts import agent
 

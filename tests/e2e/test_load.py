@@ -21,7 +21,7 @@ import pytest
 from inflight.factory import create_app
 from tests.conftest import make_settings
 from tests.support import free_port
-from tests.support.fake_upstream import FakeUpstream, Pacing
+from tests.support.fakes import FakeUpstream, Pacing
 from tests.support.servers import serve
 
 pytestmark = pytest.mark.e2e

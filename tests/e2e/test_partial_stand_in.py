@@ -50,8 +50,8 @@ from tests.e2e.test_background_summaries import (
 from tests.e2e.test_summarize import agent_log
 from tests.support import request_points
 from tests.support.conversations import conversations, follows_strict_rule, simple_count, summary_in
-from tests.support.fake_anthropic_upstream import SUMMARY_REPLY, FakeAnthropic, rule_violations
-from tests.support.fake_upstream import FakeUpstream
+from tests.support.fakes import FakeUpstream
+from tests.support.fakes.anthropic import SUMMARY_REPLY, rule_violations
 
 pytestmark = pytest.mark.anyio
 CONFIG = Path(__file__).resolve().parents[2] / "config"
@@ -112,7 +112,7 @@ async def test_an_event_with_a_rolling_gap_keeps_the_shorter_summary_until_the_c
     assert event.headers["x-compaction-applied"].endswith("summarize")
     assert summary_in(before) == summary_in(prompt) == SUMMARY_PREFIX + "summary #1: facts kept"
     await until(lambda: fake.summary_calls == 2)
-    rolling = fake.summary_requests[1]["messages"][0]["content"]
+    rolling = fake.summary_requests[1].json()["messages"][0]["content"]
     assert "summary #1: facts kept" in rolling  # the own summary updates the shorter one...
     gap = steps(rolling.split("summary #1: facts kept", 1)[1])
     assert gap  # ...with what the event cut past it, which the prompt leaves out (like trim)
@@ -391,7 +391,7 @@ async def test_a_messages_session_keeps_anthropic_s_rules_with_a_partial_stand_i
 ) -> None:
     """On `/v1/messages` (strict alternation, tool_use/tool_result pairs): the first event
     goes without its summary, a later one is served with the earlier summary standing in."""
-    anthropic = FakeAnthropic()
+    anthropic = FakeUpstream()
     settings = make_settings(tmp_path, anthropic_upstream_url=ANTHROPIC, summary_ahead=1.0)
     app = create_app(settings, transport=httpx.ASGITransport(app=anthropic.app))
     async with (

@@ -20,7 +20,7 @@ import pytest
 from tests.e2e.test_summarize import agent_log
 from tests.support import free_port, request_points
 from tests.support.conversations import summary_in
-from tests.support.fake_upstream import FakeUpstream
+from tests.support.fakes import FakeUpstream
 from tests.support.pg_server import postgres_url
 from tests.support.redis_server import redis_url
 from tests.support.servers import serve

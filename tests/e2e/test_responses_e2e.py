@@ -16,8 +16,8 @@ import pytest
 
 from inflight.factory import create_app
 from tests.conftest import make_settings
-from tests.support.fake_responses_upstream import FakeResponsesUpstream, input_tokens
-from tests.support.fake_upstream import Pacing
+from tests.support.fakes import FakeUpstream, Pacing
+from tests.support.fakes.responses import input_tokens
 from tests.support.responses_items import pair_problems
 from tests.support.servers import WatchedStore, serve
 
@@ -28,8 +28,8 @@ WINDOW = 6000
 
 
 @pytest.fixture
-def fake() -> FakeResponsesUpstream:
-    upstream = FakeResponsesUpstream()
+def fake() -> FakeUpstream:
+    upstream = FakeUpstream()
     upstream.context_window = WINDOW  # enforced, and what `/v1/models` tells discovery
     return upstream
 
@@ -40,7 +40,7 @@ def store() -> WatchedStore:
 
 
 @pytest.fixture
-def proxy_url(tmp_path: Path, fake: FakeResponsesUpstream, store: WatchedStore) -> Iterator[str]:
+def proxy_url(tmp_path: Path, fake: FakeUpstream, store: WatchedStore) -> Iterator[str]:
     with serve(fake.app) as upstream:
         # a model the table does not know: its window comes from the upstream (discovery)
         app = create_app(make_settings(tmp_path, upstream_url=upstream + "/v1"), store=store)
@@ -54,7 +54,7 @@ def oai(proxy_url: str) -> Iterator[openai.OpenAI]:
         yield c
 
 
-def test_json_answer_with_usage(oai: openai.OpenAI, fake: FakeResponsesUpstream) -> None:
+def test_json_answer_with_usage(oai: openai.OpenAI, fake: FakeUpstream) -> None:
     raw = oai.responses.with_raw_response.create(
         model="fake-model", instructions="Be brief.", input=[TASK]
     )
@@ -68,7 +68,7 @@ def test_json_answer_with_usage(oai: openai.OpenAI, fake: FakeResponsesUpstream)
 
 
 def test_stream_events_arrive_as_the_upstream_sends_them(
-    oai: openai.OpenAI, fake: FakeResponsesUpstream, store: WatchedStore
+    oai: openai.OpenAI, fake: FakeUpstream, store: WatchedStore
 ) -> None:
     fake.reply_text = "first second third"
     fake.pacing = pacing = Pacing()
@@ -97,7 +97,7 @@ def test_stream_events_arrive_as_the_upstream_sends_them(
     assert record.prompt_tokens == completed.response.usage.input_tokens
 
 
-def _tool_loop(oai: openai.OpenAI, fake: FakeResponsesUpstream, stream: bool) -> list[Any]:
+def _tool_loop(oai: openai.OpenAI, fake: FakeUpstream, stream: bool) -> list[Any]:
     """An agent session: each turn the model calls `bash`, the client runs it and sends the
     whole history back with the output (as the Agents SDK does with `store=False`)."""
     history: list[Any] = [TASK]
@@ -132,7 +132,7 @@ def _tool_loop(oai: openai.OpenAI, fake: FakeResponsesUpstream, stream: bool) ->
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_long_tool_session_stays_inside_the_window(
-    oai: openai.OpenAI, fake: FakeResponsesUpstream, stream: bool
+    oai: openai.OpenAI, fake: FakeUpstream, stream: bool
 ) -> None:
     headers = _tool_loop(oai, fake, stream)
     assert fake.rejected == []  # never over the window, never a broken pair
@@ -149,7 +149,7 @@ def test_a_long_tool_session_stays_inside_the_window(
 
 
 def test_an_overflow_is_retried_once_before_any_byte(
-    oai: openai.OpenAI, fake: FakeResponsesUpstream
+    oai: openai.OpenAI, fake: FakeUpstream
 ) -> None:
     """The upstream admits less than it advertises and says only that the input is too long
     (the Responses API's error): the proxy compacts what it sent and retries, once."""

@@ -29,7 +29,7 @@ from schemathesis.checks import (
 
 from inflight.factory import create_app
 from tests.conftest import make_settings
-from tests.support.fake_upstream import FakeUpstream
+from tests.support.fakes import FakeUpstream
 from tests.support.servers import serve
 
 pytestmark = pytest.mark.e2e

@@ -36,7 +36,7 @@ from tests.e2e.test_background_summaries import (
 )
 from tests.e2e.test_summarize import agent_log
 from tests.support import load_traces, request_points
-from tests.support.fake_upstream import FakeUpstream
+from tests.support.fakes import FakeUpstream
 
 pytestmark = pytest.mark.anyio
 PIPELINE: tuple[StrategyName, ...] = ("truncate", "prune", "summarize")

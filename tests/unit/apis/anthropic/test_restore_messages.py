@@ -12,8 +12,8 @@ import pytest
 
 from inflight.proxy.restore import MAX_ROUNDS, TOOL_NAME
 from tests.asgi.test_restore_route import ANSWER, OUTPUT, RESTORE, SECRET, proxy
-from tests.support.fake_anthropic_upstream import rule_violations
 from tests.support.fake_restore_upstream import FIRST_REF, Call, Reply, ScriptedUpstream
+from tests.support.fakes.anthropic import rule_violations
 
 pytestmark = pytest.mark.anyio
 

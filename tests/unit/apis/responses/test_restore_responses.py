@@ -13,8 +13,8 @@ import pytest
 
 from inflight.proxy.restore import TOOL_NAME
 from tests.asgi.test_restore_route import ANSWER, CHAT, RESTORE, SECRET, proxy
-from tests.support.fake_responses_upstream import pairing_problem
 from tests.support.fake_restore_upstream import FIRST_REF, Call, Reply, ScriptedUpstream
+from tests.support.fakes.responses import pairing_problem
 
 pytestmark = pytest.mark.anyio
 

@@ -6,6 +6,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from inflight.compaction.inserted import OMITTED_NOTE as OMITTED_NOTE
+from inflight.compaction.inserted import SPAN_MARKER as SPAN_MARKER
+from inflight.compaction.inserted import SUMMARY_PREFIX as SUMMARY_PREFIX
 from inflight.compaction.pins import Pin, pin_tokens, pinned_text
 from inflight.compaction.planner import plan
 from inflight.compaction.policy import Budget
@@ -16,13 +19,7 @@ from inflight.compaction.restorable import removed_positions, restorable, span_r
 from inflight.compaction.unit_costs import MessageCounter
 from inflight.strategies import StrategyName
 
-SUMMARY_PREFIX = "[Summary of the earlier conversation, written by inflight to fit the context]\n\n"
-SPAN_MARKER = (
-    "[inflight removed {count} earlier messages to fit the context window; "
-    "call inflight_restore to read them {ref}]"
-)
 MARKER_SLACK = 8  # tokens over the marker's own count: folding it into the head may cost more
-OMITTED_NOTE = "[inflight: earlier turns of this conversation were left out to fit the context]"
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from inflight.compaction.inserted import unfolded
 from inflight.compaction.middle_out import MiddleOut
 from inflight.compaction.policy import Budget
 from inflight.compaction.quiet import Quiet, quiet_plan, still_quiet
@@ -89,11 +90,11 @@ def plan(
             return the_plan
         replay = saved.resumed(extended, costs)
     else:
-        head_cost = fixed_tokens + sum(costs.render(i, 0, False) for i in range(head))
-        quiet = None if recall is not None else _quiet(shape, costs, head_cost, budget.calm)
+        before = fixed_tokens + sum(costs.render(i, 0, False) for i in range(head))
+        quiet = None if recall is not None else _quiet(shape, costs, before, budget.calm)
         if quiet is not None:
             return quiet
-        replay = _first(shape, costs, pipeline, budget, head_cost, summary_tokens, marked)
+        replay = _first(shape, costs, pipeline, budget, before, summary_tokens, marked)
     kept = replay.replay(budget.trigger, keep)
     if recall is not None and kept is not None:
         recall.remember(kept, messages, shape.units[-1].start)
@@ -102,23 +103,40 @@ def plan(
     return replay.result()
 
 
+def _head_cost(shape: UnitRoles, costs: UnitCosts, before: int, summary_tokens: int) -> int:
+    """The head's cost as a summarising plan counts it: `before` (as received), but what the
+    engine folded into its user message in place of a cut span costs at most the tokens reserved
+    for it — what the plan that folded it counted it at — so that compacting a compacted request
+    plans what the first compaction planned (DESIGN.md §4.5)."""
+    if not shape.head_user:
+        return before
+    host = shape.units[shape.head - 1]  # the first user message, a unit of its own
+    bare = unfolded(costs.messages[host.start])
+    if bare is None:
+        return before
+    folded = costs.render(shape.head - 1, 0, False) - costs.count(bare)
+    return before - max(0, folded - summary_tokens)
+
+
 def _first(
     shape: UnitRoles,
     costs: UnitCosts,
     pipeline: tuple[StrategyName, ...],
     budget: Budget,
-    head_cost: int,
+    before: int,
     summary_tokens: int,
     marked: bool,
 ) -> Replay:
-    """The replay of a history from its first unit after the head: nothing replayed yet."""
+    """The replay of a history from its first unit after the head (`before`: what the head
+    costs as received): nothing replayed yet."""
     n, head = len(shape.units), shape.head
+    summarizing = "summarize" in pipeline or marked
     return Replay(
         shape=shape,
         costs=costs,
         pipeline=pipeline,
         budget=budget,
-        head_cost=head_cost,
+        head_cost=_head_cost(shape, costs, before, summary_tokens) if summarizing else before,
         summary_tokens=summary_tokens,
         costs_now=[0] * n,
         sums=RunningSums(n) if "prune" in pipeline else None,
@@ -130,5 +148,5 @@ def _first(
         goal=budget.goal if budget.cost is None else budget.cost.kept(budget.goal),
         marked=marked,
         replayed=head,
-        before=head_cost,
+        before=before,
     )

@@ -28,7 +28,7 @@ class Replay:
     costs: UnitCosts
     pipeline: tuple[StrategyName, ...]
     budget: Budget
-    head_cost: int
+    head_cost: int  # the head's tokens as the plan counts them (`planner._head_cost`)
     summary_tokens: int
     costs_now: list[int]
     sums: RunningSums | None  # when pruning
@@ -176,6 +176,10 @@ class Replay:
         level = truncation_level(i, self.truncated, self.deep)
         pruned = i < self.pruned_before
         cost = self.costs.render(i, level, pruned) if kept else 0
+        if i == self.shape.head and self.shape.stand_in and self.summarizing:
+            # the engine's own stand-in costs at most what was reserved for it, as the plan
+            # that made it counted it: compacting again plans what it planned (invariant 5)
+            cost = min(cost, self.summary_tokens)
         self.kept_total += cost - self.costs_now[i]
         self.costs_now[i] = cost
         if self.sums is not None:
@@ -196,14 +200,14 @@ class Replay:
         self.savings.set(i, saving)
 
     def add(self, i: int) -> int:
-        """Unit i joins the prefix (as it is: nothing transforms it yet); returns its cost."""
+        """Unit i joins the prefix (as it is: nothing transforms it yet); returns its cost as
+        received."""
         self.refresh(i)
-        cost = self.cost(i)
         if i in self.shape.pinned:
-            self.pinned_total += cost
+            self.pinned_total += self.cost(i)
         elif self.middle is not None:
             self.middle.add(i)
-        return cost
+        return self.costs.render(i, 0, False)
 
     def total(self, k: int) -> int:
         """Tokens of the prefix of k units as the plan shows it now."""
@@ -215,7 +219,10 @@ class Replay:
         strict chat the head's user message must be followed by an assistant turn, now and when
         the conversation goes on; a summary goes in between as an assistant message before a
         user turn, or folded into the head when no turn follows yet (never before a kept
-        assistant turn: a fold there would cost the head's place in the prompt cache)."""
+        assistant turn: a fold there would cost the head's place in the prompt cache). Never
+        right after the engine's own stand-in, alone (`UnitRoles.lone_stand_in`)."""
+        if self.shape.lone_stand_in(position):
+            return False
         if not self.shape.strict(k):
             return True
         following = self.shape.next_role(position, k, frozenset())
@@ -277,17 +284,20 @@ class Replay:
         self.scanned = k
         # Last resort (DESIGN.md §3): the units no cut can remove must fit the budget with the
         # head and the pinned instructions, so their assistant text and answered call arguments
-        # share the cap too.
+        # share the cap too. The engine's own stand-in is never cut: while summarising, it is
+        # what the summary's reserved tokens stand for, else it counts like the head.
         tail = range(self._uncuttable_from(k), k)
+        own = self.shape.head if self.shape.stand_in else None
         fixed = self.head_cost + self.pinned_total
-        fixed += self.summary_tokens if self.summarizing else 0
-        if (
-            fixed + sum(self.cost(i) for i in tail if i not in self.shape.pinned)
-            <= self.budget.budget
-        ):
+        if self.summarizing:
+            fixed += self.summary_tokens
+        elif own is not None and own in tail:
+            fixed += self.cost(self.shape.head)
+        shown = (i for i in tail if i not in self.shape.pinned and i != own)
+        if fixed + sum(self.cost(i) for i in shown) <= self.budget.budget:
             return
         for i in tail:
-            if i in self.dropped or i in self.deep:
+            if i in self.dropped or i in self.deep or i == own:
                 continue
             if self.costs.saves(i, 2, truncation_level(i, self.truncated, self.deep)):
                 self.truncated.add(i)

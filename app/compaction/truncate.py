@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any
@@ -19,6 +20,9 @@ _MARKER_RE = re.compile(
 _MARKER_BASE = len(MARKER.format(cut="", ref=ref_suffix("0" * REF_LENGTH)))  # without the digits
 _MARKER_START = MARKER.partition("{")[0]
 _MARKER_JSON = orjson.dumps(_MARKER_START.strip())[1:-1]  # as it reads in a message's JSON
+_MARKER_REF_JSON = re.compile(  # a whole marker in a message's JSON; the group is its ref
+    re.escape(_MARKER_JSON) + rb" [1-9][0-9]* chars \(ref: ([0-9a-f]{%d})\)\]" % REF_LENGTH
+)
 _MAX_DIGITS = 20
 _JSON_DEPTH = 32  # JSON arguments nested deeper are cut as plain text
 MIN_CAP_CHARS = 2_000
@@ -55,14 +59,21 @@ def kept_length(text: str) -> int | None:
     return None
 
 
-def markers(messages: Sequence[Mapping[str, Any]], originals: Sequence[Mapping[str, Any]]) -> int:
-    """How many cut markers `messages` carry that the `originals` they were made from do not
-    (an upper bound: a message's every marker-like text counts, its own content's too)."""
-    return sum(
-        orjson.dumps(new).count(_MARKER_JSON) - orjson.dumps(old).count(_MARKER_JSON)
-        for new, old in zip(messages, originals, strict=True)
-        if new is not old
-    )
+def unshared_markers(
+    messages: Sequence[Mapping[str, Any]], others: Sequence[Mapping[str, Any]]
+) -> int:
+    """How many cut markers two renderings of the same messages do not share, told apart by
+    their refs (with multiplicity): those whose ref tokens can make one rendering cost more or
+    less than the other from one position to the next. A marker both carry — a text cut alike
+    in both, or cut before and kept — counts the same in both wherever the unit stands, so a
+    unit truncated further is judged alike before and after its first cut (invariant 5)."""
+    unshared = 0
+    for one, other in zip(messages, others, strict=True):
+        if one is not other:
+            mine = Counter(_MARKER_REF_JSON.findall(orjson.dumps(one)))
+            theirs = Counter(_MARKER_REF_JSON.findall(orjson.dumps(other)))
+            unshared += (mine - theirs).total() + (theirs - mine).total()
+    return unshared
 
 
 def cut_text(text: str, keep: int, ref: str) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 
 from inflight.compaction.prune import prune_unit
 from inflight.compaction.refs import REF_LENGTH
-from inflight.compaction.truncate import markers, truncate_unit
+from inflight.compaction.truncate import truncate_unit, unshared_markers
 from inflight.compaction.units import Unit
 
 MessageCounter = Callable[[Mapping[str, Any]], int]
@@ -120,15 +120,16 @@ class UnitCosts:
         A marker's ref hashes the text's position, and its hex digits tokenize differently
         from one position to the next. So the unit is priced with refs of a fixed position
         and must save more than the most that the refs can move, `REF_SLACK` tokens per
-        marker: then it saves at its own position too (invariant 4). Only a unit near that
-        line is priced twice: one far from it is decided by its cost where it stands.
+        marker the two renderings do not share (one both carry counts alike in both): then it
+        saves at its own position too (invariant 4). Only a unit near that line is priced
+        twice: one far from it is decided by its cost where it stands.
         """
         gain = self.render(i, than, False) - self.render(i, level, False)
         if gain <= 0:
             return False
         unit, chunk, protect = self._unit(i)
-        here = (transform(chunk, unit, self.cap, k, False, protect) for k in (level, than))
-        slack = REF_SLACK * sum(markers(out, chunk) for out in here)
+        here = [transform(chunk, unit, self.cap, k, False, protect) for k in (level, than)]
+        slack = REF_SLACK * unshared_markers(*here)
         if gain > 2 * slack:
             return True
         fixed = replace(unit, start=0)

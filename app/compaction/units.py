@@ -10,6 +10,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from inflight.compaction.inserted import is_inserted
+
 UnitKind = Literal["message", "tool_round", "function_round", "orphan"]
 HEAD_ROLES = frozenset({"system", "developer"})
 TURNS = ("user", "assistant")
@@ -87,6 +89,14 @@ def head_end(messages: Sequence[Mapping[str, Any]]) -> int:
     while head < len(messages) and _role(messages[head]) in HEAD_ROLES:
         head += 1
     return head
+
+
+def _stands_in(messages: Sequence[Mapping[str, Any]], units: Sequence[Unit], head: int) -> bool:
+    """Whether the unit right after the head (where the engine puts what stands for a cut) is
+    a message the engine inserted."""
+    if head >= len(units) or units[head].kind != "message":
+        return False
+    return is_inserted(messages[units[head].start])
 
 
 def _role(message: Mapping[str, Any]) -> str | None:
@@ -200,6 +210,9 @@ class UnitRoles:
     strict_units: int  # how many leading units follow the strict rule
     head_user: bool  # the head ends with the first user message
     strict_end: int = 0  # how many leading messages follow the strict rule
+    # the unit right after the head is a message the engine inserted where it cut (a summary, a
+    # span marker, a note): the request was compacted before
+    stand_in: bool = False
 
     @classmethod
     def of(cls, messages: Sequence[Mapping[str, Any]]) -> UnitRoles:
@@ -218,6 +231,7 @@ class UnitRoles:
             strict_units=sum(1 for u in units if u.end <= strict_end),
             head_user=head > 0 and roles[head - 1] == "user",
             strict_end=strict_end,
+            stand_in=_stands_in(messages, units, head),
         )
 
     def prefix(self, k: int) -> UnitRoles:
@@ -234,6 +248,7 @@ class UnitRoles:
             strict_units=min(self.strict_units, k),
             head_user=self.head_user,
             strict_end=min(self.strict_end, end),
+            stand_in=self.stand_in and k > self.head,
         )
 
     def extended(self, messages: Sequence[Mapping[str, Any]]) -> UnitRoles | None:
@@ -257,8 +272,9 @@ class UnitRoles:
             expected = "assistant" if self.last_turn[k] == "user" else "user"
             strict_end = _strict_from(messages, end, expected, spoken=True, planning=True)
             strict_units = k + sum(1 for u in tail[1:] if u.end <= strict_end)
+        units = self.units + tuple(tail[1:])
         return UnitRoles(
-            units=self.units + tuple(tail[1:]),
+            units=units,
             head=self.head,
             turns=turns,
             next_turn=self.next_turn[:kept] + (added[0],) * (k - kept) + tuple(added),
@@ -267,7 +283,18 @@ class UnitRoles:
             strict_units=strict_units,
             head_user=True,
             strict_end=strict_end,
+            stand_in=self.stand_in if k > self.head else _stands_in(messages, units, self.head),
         )
+
+    def lone_stand_in(self, position: int) -> bool:
+        """Whether a cut before unit `position` (from the head on) would remove the engine's
+        own stand-in and nothing of the client's (pinned instructions stay where they stand).
+        Such a cut gains nothing real — a new stand-in for the old one, a summary of the
+        summary — so no cut stands there: compacting a compacted request changes nothing, also
+        when it could not get down to the target (DESIGN.md §4.5)."""
+        if not self.stand_in or position <= self.head:
+            return False
+        return all(i in self.pinned for i in range(self.head + 1, position))
 
     def strict(self, k: int) -> bool:
         """Whether the prefix of k units follows the strict rule (DESIGN.md §4.6)."""

@@ -29,10 +29,11 @@ from inflight.compaction.replays import ENTRIES
 from inflight.compaction.service import CompactionService
 from inflight.compaction.units import group_units, head_end, pinned_head
 from inflight.http.state import AppState
-from tests.asgi.test_reuse_asgi import FAKES, proxy_app, sent, session
+from tests.asgi.test_reuse_asgi import ROUTES, proxy_app, sent, session
 from tests.e2e.test_background_summaries import summaries
 from tests.e2e.test_partial_stand_in import service as compaction_service
 from tests.support.conversations import agent_session, conversations
+from tests.support.fakes import FakeUpstream
 
 pytestmark = pytest.mark.anyio
 CONFIG = Path(__file__).resolve().parents[2] / "config"
@@ -266,7 +267,7 @@ def compactor(app: FastAPI) -> CompactionService:
     return state.compactor
 
 
-@pytest.mark.parametrize("route", sorted(FAKES))
+@pytest.mark.parametrize("route", sorted(ROUTES))
 async def test_through_the_proxy_a_session_is_served_as_planning_serves_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, route: str
 ) -> None:
@@ -275,7 +276,7 @@ async def test_through_the_proxy_a_session_is_served_as_planning_serves_it(
     bytes upstream, the same replay cache at the end."""
     outcomes = []
     for quiet in (True, False):
-        fake = FAKES[route]()
+        fake = FakeUpstream()
         (tmp_path / str(quiet)).mkdir()
         app = proxy_app(tmp_path / str(quiet), fake)
         service = compactor(app)

@@ -1,9 +1,8 @@
 """Anthropic context editing (`context_management.edits`), applied by the proxy (DESIGN.md §13).
 
-For a Messages upstream that ignores the field (llama.cpp, vLLM, Ollama), inflight applies
-`clear_tool_uses_20250919` and `clear_thinking_20251015` itself with Anthropic's defaults and
-reports `applied_edits` as Anthropic does; for one that applies them (Anthropic's API) they are
-only simulated (`upstream_sees`), so compaction counts what they will leave.
+Applied for an upstream that ignores the field (llama.cpp, vLLM, Ollama), reported as
+`applied_edits`; only simulated for one that applies them (`upstream_sees`), so compaction
+counts what they will leave.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from inflight.strategies import StrategyName
 from tests.support import load_traces, request_points
 from tests.support.anthropic_conversations import anthropic_bodies, blocks, from_chat
 from tests.support.conversations import simple_count
-from tests.support.fake_anthropic_upstream import all_blocks, rule_violations
+from tests.support.fakes.anthropic import all_blocks, rule_violations
 
 FORMAT = MessagesFormat()
 PIPELINES: dict[str, tuple[StrategyName, ...]] = {

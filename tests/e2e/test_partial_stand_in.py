@@ -20,6 +20,7 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 from inflight.compaction.engine import SUMMARY_PREFIX
+from inflight.compaction.facts import FACTS_HEADING
 from inflight.compaction.planner import plan
 from inflight.compaction.policy import Budget
 from inflight.compaction.service import CompactionService
@@ -229,7 +230,10 @@ async def test_a_preview_only_looks_and_a_forwarded_request_records_its_choice(
     key, end = seeded
     preview = await compactor.plan(headers, body, "http://u")
     assert preview.summary_state == "cached"
-    assert summary_in(preview.result.messages) == SUMMARY_PREFIX + f"the summary up to unit {end}"
+    # the prefix's summary, with the guard's list of what it does not cover (gap_guard)
+    standing = summary_in(preview.result.messages)
+    assert standing.startswith(SUMMARY_PREFIX + f"the summary up to unit {end}\n\n")
+    assert FACTS_HEADING in standing
     assert preview.summary_covers is not None
     assert 0.5 <= preview.summary_covers <= 0.95
     assert await cache.get(record_key(key)) is None  # read only
@@ -238,7 +242,7 @@ async def test_a_preview_only_looks_and_a_forwarded_request_records_its_choice(
     recorded = await cache.get(record_key(key))
     assert recorded is not None
     assert Chosen.decode(recorded) == Chosen(
-        f"the summary up to unit {end}", preview.summary_covers
+        standing.removeprefix(SUMMARY_PREFIX), preview.summary_covers
     )
 
 

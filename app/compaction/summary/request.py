@@ -23,7 +23,7 @@ from inflight.compaction.summary.ahead import Replan, next_events
 from inflight.compaction.summary.background import BackgroundSummaries
 from inflight.compaction.summary.partial import OWN, Chosen, covered
 from inflight.compaction.summary.prompt import Completer, SummaryFailed
-from inflight.compaction.summary.rolling import Summaries, SummaryJob, boundary_keys
+from inflight.compaction.summary.rolling import Summaries, SummaryJob, boundary_keys, gap_guard
 from inflight.compaction.summary.stats import count_fallback
 from inflight.compaction.unit_costs import MessageCounter
 from inflight.compaction.units import head_end
@@ -312,6 +312,8 @@ class RequestSummaries:
             end, summary = nearest
             share = covered(asked.messages, job.plan, end, asked.count)
             if share >= self._settings.summary_partial:
+                if self._summaries.guard:  # the facts of what it does not cover (a thread:
+                    summary = await asyncio.to_thread(gap_guard, summary, job, end)  # long)
                 chosen = Chosen(summary, share)
         if not asked.forwarded:
             return chosen

@@ -66,6 +66,15 @@ def guard(text: str, job: SummaryJob) -> str:
     return guarded(text, whole, job.summary_tokens, job.count_text, known)
 
 
+def gap_guard(text: str, job: SummaryJob, end: int) -> str:
+    """A prefix's summary `text` standing for `job`'s whole span (a partial stand-in,
+    partial.py) with the guard's list for the units it does not cover, `[end, cut)`: that
+    summary's own guard left out what its prompt kept after its cut — these units, cut now."""
+    plan = job.plan
+    gap = render_span(job.messages, plan, end, plan.cut)
+    return guarded(text, gap, job.summary_tokens, job.count_text, kept_text(job.messages, plan))
+
+
 @dataclass(slots=True)
 class _Chain:
     """The boundary keys of a conversation's last request, to resume from: the messages they

@@ -34,9 +34,9 @@ from bench.cost import ProviderCache  # noqa: E402
 from inflight.factory import create_app  # noqa: E402
 from inflight.pricing.table import PriceTable  # noqa: E402
 from tests.conftest import make_settings  # noqa: E402
+from tests.support import load_traces, request_points  # noqa: E402
 from tests.support.fakes.chat import completion, reference_tokens  # noqa: E402
 from tests.support.servers import serve  # noqa: E402
-from tests.support import load_traces, request_points  # noqa: E402
 
 TRANSCRIPTS = {  # transcript → model it is replayed with
     "mini_deepseek-chat_django__django-13265": "gpt-4.1",

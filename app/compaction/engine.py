@@ -6,9 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from inflight.compaction.inserted import OMITTED_NOTE as OMITTED_NOTE
-from inflight.compaction.inserted import SPAN_MARKER as SPAN_MARKER
-from inflight.compaction.inserted import SUMMARY_PREFIX as SUMMARY_PREFIX
+from inflight.compaction.inserted import OMITTED_NOTE, SPAN_MARKER, SUMMARY_PREFIX
 from inflight.compaction.pins import Pin, pin_tokens, pinned_text
 from inflight.compaction.planner import plan
 from inflight.compaction.policy import Budget

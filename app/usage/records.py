@@ -30,12 +30,16 @@ def api_route(route: str | None) -> str:
     return route or LEGACY_ROUTE
 
 
+def api_entry() -> dict[str, int]:
+    """One API's line of `/stats` `apis`, before any request."""
+    return {"requests": 0, "tokens_in": 0, "tokens_out": 0, "tokens_cached": 0}
+
+
 def name_apis(stats: dict[str, Any], names: Mapping[str, str]) -> dict[str, Any]:
     """`stats` with its `apis` table keyed by API name (`names`: route -> name, from the API
     registry) instead of route, every named API present; a route no name knows keeps its own."""
     by_route: Mapping[str, dict[str, int]] = stats.get("apis", {})
-    named = {name: {"requests": 0, "tokens_in": 0, "tokens_out": 0, "tokens_cached": 0}
-             for name in names.values()}  # fmt: skip
+    named = {name: api_entry() for name in names.values()}
     for route, entry in by_route.items():
         named[names.get(route, route)] = entry
     return {**stats, "apis": named}

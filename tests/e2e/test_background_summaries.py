@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from inflight.compaction.engine import SUMMARY_PREFIX
+from inflight.compaction.inserted import SUMMARY_PREFIX
 from inflight.compaction.planner import plan
 from inflight.compaction.policy import Budget
 from inflight.compaction.service import CompactionService

@@ -19,8 +19,8 @@ import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from inflight.compaction.engine import SUMMARY_PREFIX
 from inflight.compaction.facts import FACTS_HEADING
+from inflight.compaction.inserted import SUMMARY_PREFIX
 from inflight.compaction.planner import plan
 from inflight.compaction.policy import Budget
 from inflight.compaction.service import CompactionService

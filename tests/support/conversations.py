@@ -15,7 +15,7 @@ import orjson
 from hypothesis import strategies as st
 
 from inflight.cli.simulate import common_prefix as common_prefix  # re-exported for the tests
-from inflight.compaction.engine import SUMMARY_PREFIX
+from inflight.compaction.inserted import SUMMARY_PREFIX
 from inflight.compaction.units import Unit
 
 TEXT = st.text(alphabet="abcdefghij klmnop\n.,:{}0123456789", min_size=0, max_size=300)

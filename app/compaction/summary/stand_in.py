@@ -8,7 +8,8 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from inflight.compaction.engine import OMITTED_NOTE, CompactionResult
+from inflight.compaction.engine import CompactionResult
+from inflight.compaction.inserted import OMITTED_NOTE
 from inflight.compaction.policy import Budget
 from inflight.compaction.unit_costs import MessageCounter
 from inflight.strategies import StrategyName

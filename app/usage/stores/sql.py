@@ -7,7 +7,7 @@ from typing import Any
 
 from inflight.usage.costs import DIGITS
 from inflight.usage.ledger import LATE_FIELDS, LedgerRow, LedgerUpdate, with_late_fields
-from inflight.usage.records import UsageRecord, api_route
+from inflight.usage.records import UsageRecord, api_entry, api_route
 
 SCHEMA_VERSION = 7
 
@@ -318,13 +318,9 @@ def _model_entry() -> dict[str, Any]:
     }
 
 
-def _api_entry() -> dict[str, int]:
-    return {"requests": 0, "tokens_in": 0, "tokens_out": 0, "tokens_cached": 0}
-
-
 def _add_api(apis: dict[str, dict[str, int]], row: Sequence[Any]) -> None:
     route, n, p, c, cached = row[4:9]
-    api = apis.setdefault(api_route(route), _api_entry())
+    api = apis.setdefault(api_route(route), api_entry())
     api["requests"] += n
     api["tokens_in"] += int(p)
     api["tokens_out"] += int(c)

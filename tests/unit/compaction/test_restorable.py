@@ -9,7 +9,8 @@ import orjson
 
 from inflight.apis.chat.restore import ChatDialect
 from inflight.compaction.cuts import cuts_of
-from inflight.compaction.engine import SPAN_MARKER, SUMMARY_PREFIX, compact, marker_tokens
+from inflight.compaction.engine import compact, marker_tokens
+from inflight.compaction.inserted import SPAN_MARKER, SUMMARY_PREFIX
 from inflight.compaction.policy import Budget
 from inflight.compaction.prune import PLACEHOLDER
 from inflight.compaction.refs import REF_SUFFIX_RE, ref_for, ref_suffix

@@ -12,7 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from inflight.compaction.engine import SUMMARY_PREFIX, CompactionResult, compact
+from inflight.compaction.engine import CompactionResult, compact
+from inflight.compaction.inserted import SUMMARY_PREFIX
 from inflight.compaction.planner import plan
 from inflight.compaction.policy import Budget
 from inflight.compaction.rendering import render_span

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from inflight.apis.anthropic.format import MessagesFormat
 from inflight.apis.anthropic.rules import problems
 from inflight.apis.anthropic.view import MessagesConversation, build_view
-from inflight.compaction.engine import SUMMARY_PREFIX, CompactionResult, compact
+from inflight.compaction.engine import CompactionResult, compact
+from inflight.compaction.inserted import SUMMARY_PREFIX
 from inflight.compaction.policy import Budget
 from inflight.errors import BadRequest
 from inflight.strategies import StrategyName

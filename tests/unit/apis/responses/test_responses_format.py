@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given
 
 from inflight.apis.responses.format import ResponsesConversation, ResponsesFormat
-from inflight.compaction.engine import SUMMARY_PREFIX, CompactionResult, compact
+from inflight.compaction.engine import CompactionResult, compact
+from inflight.compaction.inserted import SUMMARY_PREFIX
 from inflight.errors import BadRequest
 from inflight.strategies import StrategyName
 from tests.support import load_traces

@@ -45,7 +45,7 @@ from inflight.settings import LedgerMode, Settings
 from inflight.strategies import StrategyName, parse_strategy
 from inflight.tokens.counter import TokenCounter
 from inflight.windows.overflow import OverflowInfo, parse_overflow
-from inflight.windows.registry import WindowRegistry
+from inflight.windows.registry import Window, WindowRegistry
 from inflight.windows.silent import SILENT_SHARE, learn_silent_cut
 from inflight.windows.table import anthropic_betas, output_reserve
 
@@ -152,21 +152,38 @@ class CompactionService:
             wait=self._waits(controls), forwarded=forwarding,
         )  # fmt: skip
         outcome, error = await self._outcome(job, pipeline, budget)
-        stand = outcome.stand
-        preview = Preview(
-            body=cleaned,
+        changed = cleaned is not body
+        preview = self._preview(job, outcome, error, window, reserve, changed, rule)
+        if not forwarding:
+            preview.start_background()
+        return preview
+
+    def _preview(
+        self,
+        job: Job,
+        outcome: Outcome,
+        error: str | None,
+        window: Window,
+        reserve: int,
+        changed_body: bool,
+        rule: CostRule | None,
+    ) -> Preview:
+        """The request's outcome as the report and the API service read it."""
+        stand, model = outcome.stand, job.model
+        return Preview(
+            body=job.body,
             forwarded=outcome.forwarded,
             conversation=job.conversation,
             result=outcome.result,
             window=window.tokens,
             limit_source=str(window.source),
             reserve=reserve,
-            changed_body=cleaned is not body,
+            changed_body=changed_body,
             exact=self._counter.is_exact(model),
             encoding=self._counter.encoding_name(model),
             summary_usage=outcome.usage,
             fallback=stand.why if stand is not None else None,
-            summary_model=summary_model,
+            summary_model=job.summary_model,
             error=error,
             summary_state=stand.state if stand is not None else None,
             starts=Deferred(tuple(job.later)),
@@ -174,9 +191,6 @@ class CompactionService:
             summary_covers=stand.covers if stand is not None else None,
             economics=_economics(job, outcome, rule),
         )
-        if not forwarding:
-            preview.start_background()
-        return preview
 
     async def _outcome(
         self, job: Job, pipeline: tuple[StrategyName, ...], budget: Budget

@@ -102,7 +102,9 @@ class CostMeter:
         key, baseline = self._baseline(price, record, one, body)
         realised = None
         if key is not None:
-            realised = self._realised.observe(key, record, price, one, baseline)
+            # per client too: one client's requests never carry another's event forward
+            whose = key + b"\0" + record.client.encode()
+            realised = self._realised.observe(whose, record, price, one, baseline)
         return Costs(actual, actual if removed <= 0 else dollars(price, baseline)), realised
 
     def _baseline(

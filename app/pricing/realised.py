@@ -48,16 +48,17 @@ def saving(price: ModelPrice, removed: int, actual: Billed) -> float:
 
 
 class RealisedNets:
-    """Conversation key → its last compaction event (at most `capacity`, least recent out).
+    """Client and conversation key → its last compaction event (at most `capacity`, least
+    recent out).
 
-    Per conversation (the baseline's key: model and pinned head) the last event's ledger row: the
-    request that made it pays its realised rewrite — the prompt tokens it did not read from the
-    cache beyond those its uncompacted baseline would not have read, at the write price (or the
-    input price when it wrote nothing) less the cache-read price — and each later request that
-    carries the same cut forward saves the tokens the event removed, at the cache-read price when
-    that request read from the cache, else the input price, until the conversation's next event.
-    In memory and bounded, like the baseline's prompts: only the requests this replica answers
-    count, and a restart ends every count.
+    Per client and conversation (the baseline's key: model and pinned head) the last event's
+    ledger row: the request that made it pays its realised rewrite — the prompt tokens it did
+    not read from the cache beyond those its uncompacted baseline would not have read, at the
+    write price (or the input price when it wrote nothing) less the cache-read price — and each
+    later request that carries the same cut forward saves the tokens the event removed, at the
+    cache-read price when that request read from the cache, else the input price, until the
+    conversation's next event. In memory and bounded, like the baseline's prompts: only the
+    requests this replica answers count, and a restart ends every count.
     """
 
     def __init__(self, capacity: int) -> None:

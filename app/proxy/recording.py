@@ -90,6 +90,7 @@ def records_for(exchange: Exchange) -> list[UsageRecord]:
             cut_for=compacted.cut_for if compacted is not None else None,
             ledger_id=compacted.ledger_id if compacted is not None else None,
             events=compacted.events if compacted is not None else 0,
+            client=compacted.client if compacted is not None else "",
         )
     ]
     if compacted is not None:

@@ -98,6 +98,7 @@ class UsageRecord:
     # (a new event, or the last one carried forward), for the realised net (DESIGN.md §16) ...
     ledger_id: str | None = None
     events: int = 0
+    client: str = ""  # who sent it (`credentials.client_identity`): whose events it carries
     # ... and once priced, the update of the conversation's last event's row it makes
     realised: LedgerUpdate | None = None
 

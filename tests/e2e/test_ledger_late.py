@@ -350,3 +350,31 @@ def test_inflight_stats_prints_the_ledger_lines() -> None:
     text = render_stats(stats)
     assert "realised net of 1 compaction events $0.0123 over 3 requests after them" in text
     assert "5 retained, 1 restorable, 4 lost (2.0 lost per event, 2 events)" in text
+
+
+async def test_another_client_never_carries_a_clients_event_forward(tmp_path: Path) -> None:
+    """Two clients with the same model and pinned head: the second one's requests carrying the
+    same cut are not the first one's followers (its row is the first client's alone)."""
+    history = agent(rounds=12, size=60)
+    grown = [*history, {"role": "user", "content": "and the next test?"}]
+    upstream = ScriptedUsage([(1500, 0), (1500, 0), (1600, 1408)])
+
+    async def ask_as(client: httpx.AsyncClient, key: str, messages: Any) -> httpx.Response:
+        body = orjson.dumps({"model": "gpt-4o", "messages": messages})
+        headers = {**WINDOW, "authorization": f"Bearer {key}"}
+        response = await client.post(CHAT, content=body, headers=headers)
+        assert response.status_code == 200, response.text
+        return response
+
+    async with proxy(tmp_path, upstream) as client:
+        cut = await ask_as(client, "sk-a", history)
+        await ask_as(client, "sk-b", history)  # B's own event
+        await ask_as(client, "sk-b", grown)  # carries B's cut forward, not A's
+        with anyio.fail_after(10):
+            await client.app_state.ledger.facts.idle()  # type: ignore[attr-defined]
+        found = await client.get(
+            f"/v1/compaction/ledger/{cut.headers['x-compaction-id']}",
+            headers={"authorization": "Bearer sk-a"},
+        )
+    assert found.status_code == 200
+    assert found.json()["realised_turns"] == 0
